@@ -1,0 +1,39 @@
+"""The two ways to install (pip/pyproject and conda/environment.yml) ask for the same things."""
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_environment_yml_matches_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = set(project["dependencies"]) | set(project["optional-dependencies"]["dev"])
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_sections = [d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d]
+    assert len(pip_sections) == 1, "environment.yml needs exactly one pip: section"
+    listed = {p for p in pip_sections[0] if not p.startswith("-e")}
+    assert listed == wanted, (f"only in environment.yml: {sorted(listed - wanted)}; "
+                              f"only in pyproject.toml: {sorted(wanted - listed)}")
+    python = [d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python")]
+    assert python == ["python=3.11"], python
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in readme and "make lab" in readme
+    assert ci.strip().splitlines()[-1] == "make test"
+
+
+def test_jupyterlab_has_the_nbgrader_and_widgets_extensions():
+    import subprocess
+    import sys
+    from pathlib import Path
+    jupyter = Path(sys.executable).parent / "jupyter"
+    out = subprocess.run([str(jupyter), "labextension", "list"], capture_output=True, text=True, timeout=120)
+    listing = out.stdout + out.stderr
+    for ext in ("@jupyter/nbgrader", "@jupyter-widgets/jupyterlab-manager"):
+        line = next((l for l in listing.splitlines() if ext in l), "")
+        assert "enabled" in line and "OK" in line, f"{ext} is not installed and enabled:\n{listing}"
