@@ -1,0 +1,20 @@
+"""camplib: the small, readable library the LLM Camp labs build piece by piece.
+
+Each module is what a finished lab leaves behind, so later labs can import it instead of
+re-deriving it: `device` (where to run, seeding), `attention` (softmax, scaled dot-product and
+multi-head attention, KV cache), `rope` (rotary position embeddings), `model` (a GPT-2 / Llama
+style decoder) and `hf` (weights exchanged with Hugging Face `transformers`).
+
+Importing `camplib` imports nothing heavy: submodules are loaded when first used, so
+`import camplib` stays cheap and never pulls in `transformers`.
+"""
+import importlib
+
+__all__ = ["device", "attention", "rope", "model", "hf"]
+
+
+def __getattr__(name):
+    # Lazy submodules (PEP 562): `camplib.model` works without an explicit import.
+    if name in __all__:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,174 @@
+"""Attention from scratch: softmax, masks, scaled dot-product attention, a KV cache and
+multi-head / grouped-query attention.
+
+This is the course's reference code (lab b01); the model in `camplib.model` runs on it rather than
+on `torch.nn.functional.scaled_dot_product_attention`, so what students build is what runs.
+Tensors follow torch's layout: (batch, heads, time, features).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from camplib.rope import RotaryEmbedding
+
+__all__ = ["softmax", "scaled_dot_product_attention", "causal_mask", "KVCache", "MultiHeadAttention"]
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """exp(x) / sum(exp(x)) along `dim`, stable for large inputs.
+
+    Subtracting the row max first leaves the result unchanged mathematically but keeps exp()
+    from overflowing (exp(1e4) is inf in any float dtype).
+
+    A row where every entry is -inf (a query that may attend to nothing) returns all zeros, not
+    the NaN that torch.softmax gives: the attention output for such a query is then zero and its
+    gradients stay finite, instead of one NaN poisoning a whole training step.
+    """
+    m = x.amax(dim=dim, keepdim=True).detach()  # the shift cancels out, so no gradient through it
+    m = m.masked_fill(m == float("-inf"), 0.0)  # all -inf row: shift by 0 so exp gives 0, not NaN
+    e = torch.exp(x - m)
+    s = e.sum(dim=dim, keepdim=True)
+    return e / s.masked_fill(s == 0, 1.0)  # 0 / 1 = 0 for all -inf rows, with a finite gradient
+
+
+def causal_mask(L: int, S: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean (L, S) mask, True = may attend, aligned to the *bottom right*.
+
+    With a KV cache the L new queries are the last L of S positions: query i sits at absolute
+    position S - L + i and may see keys j <= S - L + i. When L == S this is the usual lower
+    triangle (`ones(L, S).tril()`). Note that `is_causal=True` in scaled_dot_product_attention
+    is *top-left* aligned, like torch's; the two differ only when L != S.
+    """
+    S = L if S is None else S
+    if L > S:
+        raise ValueError(f"causal_mask: {L} queries cannot be the last positions of {S} keys")
+    return torch.ones(L, S, dtype=torch.bool, device=device).tril(diagonal=S - L)
+
+
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, *, is_causal: bool = False,
+                                 scale: float | None = None, dropout_p: float = 0.0) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v, with the semantics of torch's F.scaled_dot_product_attention.
+
+    q: (..., L, E), k: (..., S, E), v: (..., S, Ev) -> (..., L, Ev).
+    attn_mask broadcasts to (..., L, S): a bool mask says True = may attend; a float mask is
+    added to the scores (use -inf to block). is_causal applies torch's top-left aligned mask
+    `ones(L, S).tril()`; passing it together with attn_mask is an error (use causal_mask() and
+    combine the masks yourself). scale defaults to 1/sqrt(E) so scores keep unit variance.
+    dropout_p drops attention weights, applied whenever > 0 (like torch: pass 0 at eval time).
+
+    Arguments after attn_mask are keyword-only because torch's 4th positional one is dropout_p.
+
+    One deliberate difference: a query row that may attend to nothing returns zeros (see
+    softmax). torch 2.13 on CPU also returns zeros there; other kernels/versions may give NaN.
+    """
+    L, S = q.size(-2), k.size(-2)
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., L, S)
+    if is_causal:
+        if attn_mask is not None:
+            raise ValueError("pass either attn_mask or is_causal=True, not both")
+        attn_mask = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = torch.where(attn_mask, scores, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    weights = softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v
+
+
+class KVCache:
+    """Keys and values of one attention layer for the tokens seen so far, shape
+    (B, n_kv_heads, T, head_dim), so that decoding a new token costs one query, not a full pass.
+
+    Storage is preallocated up to `max_len` and filled in place: no reallocation per token, and
+    the memory cost is visible up front. Meant for inference (under torch.no_grad()).
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        self.k = torch.zeros(batch, n_kv_heads, max_len, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.max_len = max_len
+        self.length = 0  # number of positions filled
+
+    def update(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append (B, n_kv_heads, T_new, head_dim) keys/values; return all keys/values so far."""
+        start, end = self.length, self.length + k_new.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KVCache full: {end} positions needed, max_len={self.max_len}")
+        self.k[:, :, start:end] = k_new
+        self.v[:, :, start:end] = v_new
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with optional grouped-query attention (GQA) and RoPE.
+
+    One fused Linear `qkv` produces the n_heads query heads, then n_kv_heads key heads, then
+    n_kv_heads value heads (one matmul instead of three). With n_kv_heads < n_heads, each group
+    of n_heads // n_kv_heads query heads shares one key/value head: the KV cache shrinks by that
+    factor at little quality cost (GQA, Ainslie et al. 2023; n_kv_heads=1 is multi-query).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True,
+                 rope: RotaryEmbedding | None = None, dropout: float = 0.0):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not a multiple of n_heads={n_heads}")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
+        self.proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
+        self.rope = rope
+        self.dropout = dropout
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = True,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """x: (B, T, d_model) -> (B, T, d_model).
+
+        attn_mask (bool True = may attend, or additive float), broadcastable to (B, H, T, S), is
+        combined with the causal mask when is_causal. With a cache, the T new tokens sit at
+        positions cache.length .. cache.length+T-1: RoPE starts there and the causal mask is
+        bottom-right aligned over all S = cache.length + T keys.
+        """
+        B, T, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = self.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, Hkv, D).transpose(1, 2)
+        v = v.view(B, T, Hkv, D).transpose(1, 2)
+        offset = cache.length if cache is not None else 0
+        if self.rope is not None:
+            q, k = self.rope(q, offset), self.rope(k, offset)
+        if cache is not None:
+            k, v = cache.update(k, v)
+        if Hkv != H:  # query head h reads kv head h // (H // Hkv)
+            k = k.repeat_interleave(H // Hkv, dim=1)
+            v = v.repeat_interleave(H // Hkv, dim=1)
+        if is_causal:
+            causal = causal_mask(T, k.size(2), device=x.device)
+            if attn_mask is None:
+                attn_mask = causal
+            elif attn_mask.dtype == torch.bool:
+                attn_mask = attn_mask & causal
+            else:
+                attn_mask = torch.where(causal, attn_mask, float("-inf"))
+        y = scaled_dot_product_attention(q, k, v, attn_mask,
+                                         dropout_p=self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).reshape(B, T, H * D)
+        return self.resid_dropout(self.proj(y))
