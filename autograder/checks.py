@@ -1,0 +1,181 @@
+"""The one checking helper behind every lab's tests.
+
+Lab test cells never use bare asserts: they call these functions with a *name* for the value
+under test. That keeps the student-facing messages uniform (the tensor, the worst element, the
+max difference, the tolerance used) and gives the grader one place to change how comparisons
+are made (for instance, to compare outside the student's interpreter).
+
+Tolerances are per dtype (see `TOLERANCES`); a check may tighten or loosen them explicitly.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["TOLERANCES", "tolerance", "check_close", "check_equal", "check_shape", "check_true", "check_finite",
+           "forward_backward", "load_parameters", "parameters_of"]
+
+# (atol, rtol) used when a check does not state its own. Chosen for results of a few dozen
+# floating point operations on values of order 1: fp64 keeps ~15 digits, fp32 ~7, bf16 ~3.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-10, 1e-8),
+    torch.float32: (1e-5, 1e-4),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1e-2, 1e-2),
+}
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) for comparing tensors of `dtype`; exact (0, 0) for integers and bools."""
+    return TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def _as_tensor(name: str, value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    try:
+        return torch.as_tensor(value)
+    except Exception as exc:  # a student returned None, a string, a module...
+        raise AssertionError(f"{name}: expected a tensor, got {type(value).__name__} ({exc})") from None
+
+
+def check_shape(name: str, actual: Any, shape: tuple[int, ...]) -> None:
+    """Fail with a message naming `name` unless `actual` has exactly `shape`."""
+    got = tuple(_as_tensor(name, actual).shape)
+    if got != tuple(shape):
+        raise AssertionError(f"{name}: shape {got}, expected {tuple(shape)}")
+
+
+def check_finite(name: str, actual: Any) -> None:
+    """Fail unless every element of `actual` is finite (no NaN, no inf)."""
+    t = _as_tensor(name, actual)
+    if t.is_floating_point() and not torch.isfinite(t).all():
+        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+        n_bad = int((~torch.isfinite(t)).sum())
+        raise AssertionError(f"{name}: {n_bad} non-finite value(s), first at index {tuple(bad)}: {t[tuple(bad)].item()}")
+
+
+def check_close(name: str, actual: Any, expected: Any, *, atol: float | None = None,
+                rtol: float | None = None, check_dtype: bool = True) -> None:
+    """Fail unless |actual - expected| <= atol + rtol * |expected| everywhere.
+
+    The message names the tensor, the max absolute difference, where it occurs and the
+    tolerance used, so a student can tell "slightly off" from "completely wrong".
+    NaN matches NaN only where both are NaN.
+    """
+    a = _as_tensor(name, actual)
+    e = _as_tensor(f"expected {name}", expected)
+    if tuple(a.shape) != tuple(e.shape):
+        raise AssertionError(f"{name}: shape {tuple(a.shape)}, expected {tuple(e.shape)}")
+    if check_dtype and a.dtype != e.dtype:
+        raise AssertionError(f"{name}: dtype {a.dtype}, expected {e.dtype}")
+    d_atol, d_rtol = tolerance(e.dtype)
+    atol = d_atol if atol is None else atol
+    rtol = d_rtol if rtol is None else rtol
+    a64, e64 = a.to(torch.float64).cpu(), e.to(torch.float64).cpu()
+    nan_a, nan_e = torch.isnan(a64), torch.isnan(e64)
+    if not torch.equal(nan_a, nan_e):
+        where = (nan_a != nan_e).nonzero()[0].tolist()
+        raise AssertionError(f"{name}: NaN pattern differs, first at index {tuple(where)} "
+                             f"(got {a64[tuple(where)].item()}, expected {e64[tuple(where)].item()})")
+    both = nan_a & nan_e
+    diff = (a64 - e64).abs().masked_fill(both, 0.0)
+    # inf == inf is fine, inf vs finite is an infinite difference
+    same_inf = torch.isinf(a64) & (a64 == e64)
+    diff = diff.masked_fill(same_inf, 0.0)
+    allowed = atol + rtol * e64.abs().masked_fill(both | same_inf, 0.0)
+    bad = diff > allowed
+    if bad.any():
+        max_diff = diff.max().item()
+        idx = tuple(torch.unravel_index(diff.argmax(), diff.shape)) if diff.dim() else ()
+        idx = tuple(int(i) for i in idx)
+        raise AssertionError(
+            f"{name}: max |difference| = {max_diff:.3g} at index {idx} "
+            f"(got {a64[idx].item():.6g}, expected {e64[idx].item():.6g}); "
+            f"{int(bad.sum())} of {bad.numel()} elements outside atol={atol:g}, rtol={rtol:g}")
+
+
+def check_equal(name: str, actual: Any, expected: Any) -> None:
+    """Fail unless `actual` equals `expected` exactly (tensors element-wise, else ==)."""
+    if isinstance(expected, torch.Tensor) or isinstance(actual, torch.Tensor):
+        a, e = _as_tensor(name, actual), _as_tensor(f"expected {name}", expected)
+        if tuple(a.shape) != tuple(e.shape):
+            raise AssertionError(f"{name}: shape {tuple(a.shape)}, expected {tuple(e.shape)}")
+        if a.dtype != e.dtype:
+            raise AssertionError(f"{name}: dtype {a.dtype}, expected {e.dtype}")
+        if not torch.equal(a.cpu(), e.cpu()):
+            idx = tuple(int(i) for i in (a.cpu() != e.cpu()).nonzero()[0])
+            n = int((a.cpu() != e.cpu()).sum())
+            raise AssertionError(f"{name}: {n} of {a.numel()} elements differ, first at index {idx} "
+                                 f"(got {a[idx].item()}, expected {e[idx].item()})")
+        return
+    if type(actual) is not type(expected) or actual != expected:
+        raise AssertionError(f"{name}: got {actual!r}, expected {expected!r}")
+
+
+def check_true(name: str, condition: Any, hint: str = "") -> None:
+    """Fail with `name` and a hint unless `condition` is exactly True (not merely truthy)."""
+    if isinstance(condition, torch.Tensor):
+        condition = bool(condition.all().item())
+    if condition is not True:
+        raise AssertionError(f"{name}: check failed" + (f" ({hint})" if hint else ""))
+
+
+# -- running student code: the same calls work on local objects and, during grading, on the
+#    stand-ins for objects that live in the student's process (autograder.remote) -------------
+
+def _remote(obj) -> bool:
+    return type(obj).__name__ == "RemoteObject" and type(obj).__module__ == "autograder.remote"
+
+
+def forward_backward(fn: Any, *inputs: Any, grad_output: torch.Tensor | None = None, **kwargs: Any):
+    """Run `fn(*inputs, **kwargs)` on fresh leaf copies of the floating-point tensor inputs and
+    backpropagate `grad_output` (ones when None).
+
+    Returns (output, input_grads, parameter_grads): input_grads is a tuple with one entry per
+    input (None where there is no gradient), parameter_grads a dict for an nn.Module `fn`.
+    Tests use this instead of calling .backward() themselves so that gradients can be checked
+    wherever the student's code runs.
+    """
+    if _remote(fn):
+        return tuple(fn._forward_backward(inputs, kwargs, grad_output))
+    leaves = [x.detach().clone().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point()
+              else x for x in inputs]
+    if isinstance(fn, torch.nn.Module):
+        fn.zero_grad(set_to_none=True)
+    out = fn(*leaves, **kwargs)
+    if not isinstance(out, torch.Tensor):
+        raise AssertionError(f"forward_backward: expected a tensor output, got {type(out).__name__}")
+    if not out.requires_grad:
+        raise AssertionError("forward_backward: the output does not depend on any input or parameter "
+                             "through autograd (detached, or computed without torch operations?)")
+    out.backward(torch.ones_like(out) if grad_output is None else grad_output)
+    grads = tuple(x.grad if isinstance(x, torch.Tensor) and x.requires_grad else None for x in leaves)
+    params = ({n: p.grad.detach().clone() for n, p in fn.named_parameters() if p.grad is not None}
+              if isinstance(fn, torch.nn.Module) else {})
+    return out.detach(), grads, params
+
+
+def load_parameters(module: Any, params: dict[str, torch.Tensor]) -> None:
+    """Copy `params` (name -> tensor) into `module`'s parameters of the same names and shapes."""
+    if _remote(module):
+        module._load_parameters(params)
+        return
+    named = dict(module.named_parameters())
+    for name, value in params.items():
+        if name not in named:
+            raise AssertionError(f"{type(module).__name__} has no parameter '{name}' "
+                                 f"(it has: {', '.join(named) or 'none'})")
+        if tuple(named[name].shape) != tuple(value.shape):
+            raise AssertionError(f"parameter '{name}': shape {tuple(named[name].shape)}, expected {tuple(value.shape)}")
+        with torch.no_grad():
+            named[name].copy_(value)
+
+
+def parameters_of(module: Any) -> dict[str, torch.Tensor]:
+    """name -> detached copy of every parameter of `module`."""
+    if _remote(module):
+        return dict(module._parameters())
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+

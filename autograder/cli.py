@@ -1,0 +1,143 @@
+"""The `camp` command: the course's one entry point for instructors and CI.
+
+  camp list                          the ladder
+  camp build [LAB ...] [--check]     release labs/ from solutions/ (nbgrader)
+  camp run [LAB ...] [--profile ci|gpu] [-p NAME VALUE ...] [--out DIR]
+  camp grade SUBMISSIONS_DIR [--lab LAB] [--out DIR]
+  camp check NOTEBOOK                a student's self-check
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .catalog import LEVELS, Catalog, repo_root
+from .table import format_table
+
+
+def cmd_list(args, catalog: Catalog, root: Path) -> int:
+    rows = []
+    for level in LEVELS:
+        for lab in (l for l in catalog.labs if l.level == level):
+            rows.append([lab.id, lab.level, lab.title, ", ".join(lab.requires) or "-", f"{lab.minutes} min", lab.status])
+    print(format_table(["id", "level", "title", "requires", "time", "status"], rows))
+    return 0
+
+
+def cmd_build(args, catalog: Catalog, root: Path) -> int:
+    from .build import BuildError, check_release, release_labs
+
+    labs = catalog.select(args.labs)
+    try:
+        if args.check:
+            problems = check_release(labs, root)
+            for p in problems:
+                print(f"STALE OR LEAKING  {p}")
+            if problems:
+                return 1
+            print(f"labs/ is up to date for {', '.join(l.id for l in labs)}; no solution code or hidden tests released")
+            return 0
+        release_labs(labs, root, root / "labs")
+    except BuildError as exc:
+        print(f"build failed: {exc}", file=sys.stderr)
+        return 1
+    for lab in labs:
+        print(f"released {lab.id} -> {lab.release_path(root).relative_to(root)}")
+    return 0
+
+
+def cmd_run(args, catalog: Catalog, root: Path) -> int:
+    from .run import parse_value, run_lab
+
+    overrides = {name: parse_value(value) for name, value in args.param}
+    out = Path(args.out or root / "runs" / args.profile).resolve()
+    results = []
+    for lab in catalog.select(args.labs):
+        result = run_lab(lab, root, out, args.profile, overrides)
+        print(f"{lab.id}: {'ok' if result.ok else 'FAILED'} in {result.seconds:.1f} s", flush=True)
+        results.append(result)
+    print()
+    print(format_table(["lab", "profile", "seconds", "status", "note"],
+                       [[r.lab, r.profile, f"{r.seconds:.1f}", "ok" if r.ok else "FAILED", r.message] for r in results]))
+    print(f"\nexecuted notebooks are in {out}")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def cmd_grade(args, catalog: Catalog, root: Path) -> int:
+    from .grade import GradingSetupError, grade
+
+    subs = Path(args.submissions)
+    if not subs.is_dir():
+        print(f"camp grade: {subs} is not a folder of submissions", file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve()
+    if out == root or root / "solutions" in (out, *out.parents):
+        print("camp grade: --out must not be the repository or inside solutions/", file=sys.stderr)
+        return 2
+    try:
+        rows = grade(subs, catalog, root, out, args.lab)
+    except (GradingSetupError, KeyError) as exc:
+        print(f"camp grade: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(["student", "lab", "score", "max", "status", "message"],
+                       [[r.student, r.lab, f"{r.score:g}", f"{r.max_score:g}", r.status, r.message] for r in rows]))
+    print(f"\ngrades: {out / 'grades.csv'}   feedback: {out / 'feedback'}")
+    return 0
+
+
+def cmd_check(args, catalog: Catalog, root: Path) -> int:
+    from .check import check_notebook
+
+    path = Path(args.notebook)
+    if not path.is_file():
+        print(f"camp check: no such notebook {path}", file=sys.stderr)
+        return 2
+    problems, results = check_notebook(path, catalog, root)
+    for p in problems:
+        print(f"NOTE  {p}")
+    for r in results:
+        print(f"{'PASS' if r.passed else 'FAIL'}  {r.grade_id} ({r.points:g} pts){'  ' + r.message if r.message else ''}")
+    earned = sum(r.points for r in results if r.passed)
+    total = sum(r.points for r in results)
+    print(f"\nvisible tests: {sum(r.passed for r in results)}/{len(results)} cells passed, {earned:g}/{total:g} points"
+          " (hidden tests run when your notebook is graded)")
+    return 0 if results and all(r.passed for r in results) and not problems else 1
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="camp", description="LLM Camp course tooling.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="show the ladder: labs, levels, prerequisites, status")
+    p = sub.add_parser("build", help="release student notebooks into labs/ from solutions/ (nbgrader)")
+    p.add_argument("labs", nargs="*", metavar="LAB", help="lab ids or names (default: every ready lab)")
+    p.add_argument("--check", action="store_true", help="fail if labs/ is stale or leaks solutions/hidden tests")
+    p = sub.add_parser("run", help="execute solution notebooks with papermill")
+    p.add_argument("labs", nargs="*", metavar="LAB")
+    p.add_argument("--profile", choices=["ci", "gpu"], default="ci")
+    p.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                   help="override a parameter (JSON values: 3, 0.5, true, \"cuda\")")
+    p.add_argument("--out", help="folder for executed notebooks (default runs/<profile>)")
+    p = sub.add_parser("grade", help="autograde submissions into a gradebook; write grades.csv and feedback")
+    p.add_argument("submissions", metavar="SUBMISSIONS_DIR", help="<student>/<lab>/<notebook>.ipynb or <student>.zip")
+    p.add_argument("--lab", help="grade only this lab")
+    p.add_argument("--out", default="grading", help="grading workspace (default ./grading)")
+    p = sub.add_parser("check", help="self-check a notebook: structure and visible tests")
+    p.add_argument("notebook", metavar="NOTEBOOK")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    root = repo_root()
+    try:
+        catalog = Catalog.load()
+        handler = {"list": cmd_list, "build": cmd_build, "run": cmd_run, "grade": cmd_grade, "check": cmd_check}
+        return handler[args.command](args, catalog, root)
+    except KeyError as exc:  # unknown lab id on the command line
+        print(f"camp {args.command}: {exc.args[0]}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""How `camp` drives nbgrader: one function builds the traitlets config for a course folder, so
+build and grade configure nbgrader the same way (through its API, never by copying files by
+hand into its folders)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from traitlets.config import Config
+
+
+def put_environment_on_path() -> None:
+    """nbgrader runs `alembic` and kernels by name from PATH: make sure they are this
+    environment's, even when `camp` is called as .venv/bin/camp without activation."""
+    bin_dir = str(Path(sys.executable).parent)
+    parts = os.environ.get("PATH", "").split(os.pathsep)
+    if parts[:1] != [bin_dir]:
+        os.environ["PATH"] = os.pathsep.join([bin_dir] + [p for p in parts if p != bin_dir])
+
+
+def nbgrader_config(root: Path, *, source: str | Path = "source", release: str | Path = "release",
+                    db_path: Path | None = None, cell_timeout: int = 120) -> Config:
+    """Config for an nbgrader course rooted at `root`.
+
+    `source`/`release` are relative to `root` or absolute. The gradebook is sqlite at `db_path`
+    (default `root/gradebook.db`). Feedback hides hidden-test source but keeps its messages.
+    """
+    from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+
+    c = Config()
+    c.CourseDirectory.root = str(root)
+    c.CourseDirectory.source_directory = str(source)
+    c.CourseDirectory.release_directory = str(release)
+    c.CourseDirectory.db_url = f"sqlite:///{db_path or Path(root) / 'gradebook.db'}"
+    c.Execute.timeout = cell_timeout
+    c.Execute.kernel_name = "python3"
+    c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]
+    c.NbGraderAPI.log_level = "WARN"
+    return c
+
+
+def nbgrader_api(config: Config):
+    """An `NbGraderAPI` for `config`. Its methods return {success, error, log} and never raise."""
+    from nbgrader.apps.api import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    put_environment_on_path()
+    coursedir = CourseDirectory(config=config)
+    return NbGraderAPI(coursedir=coursedir, config=config)

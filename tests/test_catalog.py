@@ -1,0 +1,42 @@
+"""course/labs.toml: the ladder's data, consistent with the folders on disk."""
+import textwrap
+
+import pytest
+
+from autograder.catalog import LEVELS, Catalog, CatalogError, repo_root
+
+ROOT = repo_root()
+
+
+def test_catalog_covers_three_levels_and_ready_labs_exist():
+    catalog = Catalog.load()
+    assert {lab.level for lab in catalog.labs} == set(LEVELS)
+    assert catalog.ready(), "at least one lab must be ready"
+    for lab in catalog.ready():
+        assert lab.source_path(ROOT).is_file(), f"{lab.id}: missing {lab.source_path(ROOT)}"
+        assert lab.release_path(ROOT).is_file(), f"{lab.id}: missing {lab.release_path(ROOT)}"
+        assert lab.parameters("ci")["device"] == "cpu" and lab.parameters("gpu")["device"] == "cuda"
+    on_disk = {p.name for p in (ROOT / "solutions").iterdir() if p.is_dir()}
+    assert on_disk == {lab.name for lab in catalog.ready()}, "solutions/ folders and ready labs differ"
+
+
+def test_lookup_by_id_or_name():
+    catalog = Catalog.load()
+    assert catalog.get("b01") is catalog.get("b01_attention")
+    with pytest.raises(KeyError, match="no lab 'zz9'"):
+        catalog.get("zz9")
+
+
+@pytest.mark.parametrize("body, message", [
+    ('id="x1"\nname="x1_a"\nlevel="expert"\ntitle="t"\nstatus="planned"', "level 'expert'"),
+    ('id="x1"\nname="oops"\nlevel="basic"\ntitle="t"\nstatus="planned"', "must start with 'x1_'"),
+    ('id="x1"\nname="x1_a"\nlevel="basic"\ntitle="t"\nstatus="planned"\nrequires=["q9"]', "unknown lab(s) q9"),
+    ('id="x1"\nname="x1_a"\nlevel="basic"\ntitle="t"\nstatus="ready"', "needs exactly the profiles"),
+    ('id="x1"\nname="x1_a"\nlevel="basic"\nstatus="planned"', "lacks the field 'title'"),
+])
+def test_inconsistent_catalog_is_rejected(tmp_path, body, message):
+    path = tmp_path / "labs.toml"
+    path.write_text("[[lab]]\n" + textwrap.dedent(body) + "\n")
+    with pytest.raises(CatalogError) as info:
+        Catalog.load(path)
+    assert message in str(info.value)

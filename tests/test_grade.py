@@ -1,0 +1,114 @@
+"""`camp grade` round trip on a real lab: the reference scores full marks, a blank notebook 0,
+one wrong function partial credit, and broken notebooks are reported while the rest are graded."""
+import csv
+
+import nbformat
+import pytest
+
+from autograder.catalog import Catalog, repo_root
+from autograder.cli import main
+from tests.helpers import student_notebook, write_submission
+
+ROOT = repo_root()
+LAB = "b01"
+
+# softmax without the max subtraction: fine on small inputs, NaN on large ones and on fully
+# masked rows, so attention (built on it) fails too
+UNSTABLE_SOFTMAX = '''
+def softmax(x, dim=-1):
+    e = torch.exp(x)
+    return e / e.sum(dim=dim, keepdim=True)
+'''
+# a causal mask aligned top-left (torch's is_causal convention) instead of bottom-right
+TOP_LEFT_MASKS = '''
+def causal_mask(L, S=None, device=None):
+    S = L if S is None else S
+    return torch.ones(L, S, dtype=torch.bool, device=device).tril()
+
+def padding_mask(lengths, S):
+    return (torch.arange(S, device=lengths.device)[None, :] < lengths[:, None])[:, None, None, :]
+'''
+
+
+def _with_broken_setup(nb, first_line):
+    """The notebook with its setup (imports) cell starting with `first_line`."""
+    setup = next(c for c in nb.cells if c.cell_type == "code" and "import torch" in c.source)
+    setup.source = first_line + "\n" + setup.source
+    return nb
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grading")
+    subs = tmp / "submissions"
+    write_submission(subs, "ada", LAB, student_notebook(LAB))
+    write_submission(subs, "blank", LAB, student_notebook(LAB, solve=False))
+    write_submission(subs, "carl", LAB, student_notebook(LAB, {"softmax": UNSTABLE_SOFTMAX}))
+    write_submission(subs, "gus", LAB, student_notebook(LAB, {"masks": TOP_LEFT_MASKS}))
+    write_submission(subs, "dora", LAB, _with_broken_setup(student_notebook(LAB), "import no_such_module_for_camp"))
+    write_submission(subs, "eve", LAB, _with_broken_setup(student_notebook(LAB), "def broken(:"))
+    bad = write_submission(subs, "fred", LAB, student_notebook(LAB))
+    bad.write_text(bad.read_text()[:500])  # truncated JSON
+    out = tmp / "ws"
+    assert main(["grade", str(subs), "--out", str(out)]) == 0
+    with open(out / "grades.csv") as f:
+        rows = {r["student"]: r for r in csv.DictReader(f)}
+    return out, rows
+
+
+@pytest.mark.slow
+def test_reference_solution_scores_full_marks(graded):
+    _, rows = graded
+    assert rows["ada"]["status"] == "graded"
+    assert float(rows["ada"]["score"]) == float(rows["ada"]["max_score"]) > 0
+
+
+@pytest.mark.slow
+def test_blank_release_scores_zero(graded):
+    _, rows = graded
+    assert rows["blank"]["status"] == "graded" and float(rows["blank"]["score"]) == 0
+
+
+@pytest.mark.slow
+def test_one_wrong_function_earns_partial_credit(graded):
+    _, rows = graded
+    full = float(rows["ada"]["max_score"])
+    assert float(rows["gus"]["score"]) == full - 2            # test_masks only
+    assert float(rows["carl"]["score"]) == full - 2 - 4       # test_softmax and test_sdpa
+
+
+@pytest.mark.slow
+def test_notebooks_that_cannot_run_score_zero_with_a_reason_and_others_are_graded(graded):
+    _, rows = graded
+    assert rows["dora"]["status"] == "graded" and float(rows["dora"]["score"]) == 0
+    assert "ModuleNotFoundError" in rows["dora"]["message"] and "no_such_module_for_camp" in rows["dora"]["message"]
+    assert rows["eve"]["status"] == "graded" and float(rows["eve"]["score"]) == 0
+    assert "SyntaxError" in rows["eve"]["message"]
+    assert rows["fred"]["status"] == "error" and "not a valid notebook" in rows["fred"]["message"]
+    assert float(rows["fred"]["score"]) == 0
+    assert set(rows) == {"ada", "blank", "carl", "gus", "dora", "eve", "fred"}
+
+
+@pytest.mark.slow
+def test_feedback_shows_messages_but_not_hidden_test_source(graded):
+    out, rows = graded
+    html = (out / rows["carl"]["feedback"]).read_text()
+    text = _visible_text(html)
+    assert "softmax of large inputs [1000, 1001]: 4 non-finite value(s)" in text, \
+        "the failing test's message should reach the student"
+    source = nbformat.read(Catalog.load().get(LAB).source_path(ROOT), as_version=4)
+    hidden = [c.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0].strip()
+              for c in source.cells if "### BEGIN HIDDEN TESTS" in c.source]
+    released = "\n".join(c.source for c in nbformat.read(Catalog.load().get(LAB).release_path(ROOT), as_version=4).cells)
+    distinctive = [l.strip() for block in hidden for l in block.splitlines()
+                   if len(l.strip()) > 25 and l.strip() not in released]
+    assert len(distinctive) > 10
+    for line in distinctive:
+        assert line not in text, f"hidden test source leaked into feedback: {line!r}"
+
+
+def _visible_text(html: str) -> str:
+    """The text a browser shows: tags dropped (syntax highlighting splits code into spans)."""
+    import html as html_lib
+    import re
+    return html_lib.unescape(re.sub(r"<[^>]+>", "", html))
