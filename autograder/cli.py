@@ -3,7 +3,7 @@
   camp list                          the ladder
   camp build [LAB ...] [--check]     release labs/ from solutions/ (nbgrader)
   camp run [LAB ...] [--profile ci|gpu] [-p NAME VALUE ...] [--out DIR]
-  camp grade SUBMISSIONS_DIR [--lab LAB] [--out DIR]
+  camp grade SUBMISSIONS_DIR [--lab LAB] [--out DIR] [--jobs N] [--isolation auto|namespace|none]
   camp check NOTEBOOK                a student's self-check
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def cmd_run(args, catalog: Catalog, root: Path) -> int:
 
 
 def cmd_grade(args, catalog: Catalog, root: Path) -> int:
-    from .grade import GradingSetupError, grade
+    from .grade import GradeOptions, GradingSetupError, grade
 
     subs = Path(args.submissions)
     if not subs.is_dir():
@@ -76,13 +76,14 @@ def cmd_grade(args, catalog: Catalog, root: Path) -> int:
         print("camp grade: --out must not be the repository or inside solutions/", file=sys.stderr)
         return 2
     try:
-        rows = grade(subs, catalog, root, out, args.lab)
+        options = GradeOptions(jobs=args.jobs, isolation=args.isolation, regrade=args.regrade)
+        rows = grade(subs, catalog, root, out, args.lab, options)
     except (GradingSetupError, KeyError) as exc:
         print(f"camp grade: {exc}", file=sys.stderr)
         return 2
     print(format_table(["student", "lab", "score", "max", "status", "message"],
                        [[r.student, r.lab, f"{r.score:g}", f"{r.max_score:g}", r.status, r.message] for r in rows]))
-    print(f"\ngrades: {out / 'grades.csv'}   feedback: {out / 'feedback'}")
+    print(f"\ngrades: {out / 'grades.csv'}   report: {out / 'report.html'}   feedback: {out / 'feedback'}")
     return 0
 
 
@@ -122,6 +123,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("submissions", metavar="SUBMISSIONS_DIR", help="<student>/<lab>/<notebook>.ipynb or <student>.zip")
     p.add_argument("--lab", help="grade only this lab")
     p.add_argument("--out", default="grading", help="grading workspace (default ./grading)")
+    p.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
+    p.add_argument("--isolation", choices=["auto", "namespace", "none"], default="auto",
+                   help="sandbox for student code: namespace (root + unshare; auto picks it) or none (unsafe)")
+    p.add_argument("--regrade", action="store_true", help="grade again even where a result is already recorded")
     p = sub.add_parser("check", help="self-check a notebook: structure and visible tests")
     p.add_argument("notebook", metavar="NOTEBOOK")
     return parser

@@ -1,22 +1,43 @@
-"""`camp grade`: autograde a class through nbgrader's API into a sqlite gradebook.
+"""`camp grade`: grade a class into nbgrader's sqlite gradebook, safely and in parallel.
 
-The grading workspace (`--out`) is an nbgrader course folder of its own: source/ holds a copy of
-the graded labs' solution notebooks, submitted/ the students' notebooks, autograded/ and
-feedback/ what nbgrader writes, gradebook.db the scores. The repository is never written.
-One broken submission is reported with its reason and scored 0; the others are still graded.
+The workspace (`--out`, made private to the grader) is an nbgrader course of its own: source/
+holds a copy of each graded lab's source notebook (registered with nbgrader's
+generate_assignment), submitted/ the students' files, results/ one JSON per graded submission,
+feedback/ the HTML each student gets, gradebook.db the scores, grades.csv and report.html the
+summaries. Each submission runs in its own sandbox (autograder.sandbox) while the course's
+tests run in a clean process (autograder.engine). A finished result is written atomically
+and not redone on a later run unless the submission, the lab or `--regrade` says so, so an
+interrupted grading run resumes where it stopped.
 """
 from __future__ import annotations
 
 import csv
-import shutil
-from dataclasses import asdict, dataclass
+import hashlib
+import json
+import multiprocessing
+import os
+import tempfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import nbformat
-
 from .catalog import Catalog, Lab
+from .engine import SubmissionResult, TestOutcome
+from .feedback import write_feedback_html
+from .gradebook import record
+from .labspec import LabSpec
 from .nbgrader_setup import nbgrader_api, nbgrader_config
+from .report import write_report
+from .sandbox import Limits, namespaces_available
 from .submissions import Submission, collect, copy_plain_files
+
+
+def _grader_fingerprint() -> bytes:
+    """Hash of the grader's own code: a changed grader regrades instead of reusing old results."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.read_bytes())
+    return h.digest()
 
 
 @dataclass
@@ -30,132 +51,193 @@ class GradeRow:
     feedback: str = ""
 
 
+@dataclass
+class GradeOptions:
+    jobs: int = 1
+    isolation: str = "auto"          # auto | namespace | none
+    regrade: bool = False
+    limits: Limits = field(default_factory=Limits)
+    cell_timeout: float | None = None   # overrides the labs' own cell_timeout (tests use a short one)
+
+
 class GradingSetupError(RuntimeError):
-    """The grader itself cannot start (missing source, nbgrader refusing the lab)."""
+    """The grader itself cannot start (missing source, no isolation available...)."""
 
 
-def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_lab: str | None = None) -> list[GradeRow]:
-    """Grade every submission under `submissions_dir`; write out/grades.csv and feedback."""
+def resolve_isolation(requested: str) -> str:
+    if requested == "none":
+        return "none"
+    if namespaces_available():
+        return "namespace"
+    if requested == "namespace":
+        raise GradingSetupError("namespace isolation needs root and util-linux `unshare` on Linux")
+    raise GradingSetupError(
+        "cannot isolate student code here (needs root and util-linux `unshare`). Run `sudo camp grade ...`, "
+        "or pass --isolation none to grade without a sandbox: student code could then read the "
+        "solutions and write the gradebook")
+
+
+def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_lab: str | None = None,
+          options: GradeOptions = GradeOptions()) -> list[GradeRow]:
+    """Grade every submission under `submissions_dir`; write grades.csv, report.html, feedback."""
+    isolation = resolve_isolation(options.isolation)
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    os.chmod(out, 0o700)
     subs, rejected = collect(submissions_dir, out / "unpacked")
     rows = [GradeRow(r.student, "-", 0.0, 0.0, "error", r.reason) for r in rejected]
+    by_lab, unknown = _by_lab(subs, catalog, only_lab)
+    rows += unknown
+    students = sorted({s.student for s in subs} | {r.student for r in rejected})
+    hide = [root / "solutions", root / ".git", root / "tests", out, submissions_dir.resolve()]
+    results: dict[tuple[str, str], SubmissionResult] = {}
+    jobs = []
+    scratch_root = Path(tempfile.mkdtemp(prefix="camp-sandboxes-"))
+    os.chmod(scratch_root, 0o711)
+    for lab_id, lab_subs in by_lab.items():
+        lab = catalog.get(lab_id)
+        spec = _install_source(lab, root, out)
+        submitted = {s.student: s for s in lab_subs}
+        for student in students:
+            if student not in submitted:
+                rows.append(GradeRow(student, lab.id, 0.0, spec.max_score, "not submitted"))
+                continue
+            dest = out / "submitted" / student / lab.name
+            copy_plain_files(submitted[student].path, dest)
+            key = _key(dest, out / "source" / lab.name / lab.notebook)
+            cached = None if options.regrade else _load_result(out, lab, student, key)
+            if cached:
+                results[(student, lab.id)] = cached
+                continue
+            jobs.append({"student": student, "lab": lab.id, "lab_name": lab.name, "key": key,
+                         "source": str(out / "source" / lab.name / lab.notebook), "submission": str(dest),
+                         "scratch_root": str(scratch_root), "isolation": isolation, "hide": [str(p) for p in hide],
+                         "forbid": list(lab.forbid), "threads": max(1, (os.cpu_count() or 1) // options.jobs),
+                         "limits": {**asdict(options.limits),
+                                    "cell_seconds": float(options.cell_timeout or lab.cell_timeout)}})
+    for job, result in _run_jobs(jobs, options.jobs):
+        lab = catalog.get(job["lab"])
+        _save_result(out, lab, result, job["key"])
+        results[(result.student, lab.id)] = result
+    for (student, lab_id), result in sorted(results.items()):
+        lab = catalog.get(lab_id)
+        rows.append(_publish(out, lab, result))
+    os.rmdir(scratch_root) if scratch_root.exists() and not any(scratch_root.iterdir()) else None
+    rows.sort(key=lambda r: (r.student, r.lab))
+    write_csv(rows, out / "grades.csv")
+    write_report(list(results.values()), out / "report.html")
+    return rows
+
+
+def _by_lab(subs: list[Submission], catalog: Catalog, only_lab: str | None):
     by_lab: dict[str, list[Submission]] = {}
+    problems: list[GradeRow] = []
     wanted = catalog.get(only_lab) if only_lab else None
     for sub in subs:
         try:
             lab = catalog.get(sub.lab)
         except KeyError:
-            rows.append(GradeRow(sub.student, sub.lab, 0.0, 0.0, "error", f"unknown lab folder {sub.lab!r}"))
+            if not wanted:
+                problems.append(GradeRow(sub.student, sub.lab, 0.0, 0.0, "error", f"unknown lab folder {sub.lab!r}"))
             continue
         if wanted and lab.id != wanted.id:
             continue
         if lab.status != "ready":
-            rows.append(GradeRow(sub.student, lab.id, 0.0, 0.0, "error", f"lab {lab.id} is not released yet"))
+            problems.append(GradeRow(sub.student, lab.id, 0.0, 0.0, "error", f"lab {lab.id} is not released yet"))
             continue
         by_lab.setdefault(lab.id, []).append(sub)
     if wanted:
         by_lab.setdefault(wanted.id, [])
-    students = sorted({s.student for s in subs} | {r.student for r in rejected if r.student})
-    for lab_id, lab_subs in by_lab.items():
-        rows += _grade_lab(catalog.get(lab_id), lab_subs, students, root, out)
-    rows.sort(key=lambda r: (r.student, r.lab))
-    write_csv(rows, out / "grades.csv")
-    return rows
+    return by_lab, problems
 
 
-def _grade_lab(lab: Lab, subs: list[Submission], students: list[str], root: Path, out: Path) -> list[GradeRow]:
-    from nbgrader.api import Gradebook, MissingEntry
+def _run_jobs(jobs: list[dict], n: int):
+    """Yield (job, result) as submissions finish, `n` at a time, each worker with its own uid slot."""
+    if not jobs:
+        return
+    from .grade_worker import grade_job, init_worker
 
-    config = nbgrader_config(out, cell_timeout=lab.cell_timeout)
-    api = nbgrader_api(config)
-    _install_source(lab, root, out, api)
-    db_url = config.CourseDirectory.db_url
-    with Gradebook(db_url) as gb:
-        max_score = gb.find_assignment(lab.name).max_score
-    rows = []
-    submitted = {s.student: s for s in subs}
-    for student in students:
-        if student not in submitted:
-            rows.append(GradeRow(student, lab.id, 0.0, max_score, "not submitted"))
-            continue
-        dest = out / "submitted" / student / lab.name
-        copy_plain_files(submitted[student].path, dest)
-        problem = _notebook_problem(dest / lab.notebook, lab)
-        result = None if problem else api.autograde(lab.name, student, force=True, create=True)
-        if result is not None and not result["success"]:
-            problem = "autograding failed: " + _last_error_line(result)
-        with Gradebook(db_url) as gb:
-            if problem:
-                try:  # never leave an older score standing for a submission that now failed
-                    gb.remove_submission(lab.name, student)
-                except MissingEntry:
-                    pass
-                rows.append(GradeRow(student, lab.id, 0.0, max_score, "error", problem))
-                continue
-            score = gb.find_submission(lab.name, student).score
-        code_error = first_code_error(out / "autograded" / student / lab.name / lab.notebook)
-        feedback = api.generate_feedback(lab.name, student)
-        html = out / "feedback" / student / lab.name / lab.notebook.replace(".ipynb", ".html")
-        rows.append(GradeRow(student, lab.id, float(score), float(max_score), "graded",
-                             "; ".join(m for m in (code_error, "" if feedback["success"] else
-                                                    "feedback not generated: " + _last_error_line(feedback)) if m),
-                             str(html.relative_to(out)) if html.exists() else ""))
-    return rows
+    ctx = multiprocessing.get_context("spawn")  # workers start clean: no state from this process
+    slots = ctx.Queue()
+    for slot in range(n):
+        slots.put(slot)
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=init_worker, initargs=(slots,)) as pool:
+        futures = {pool.submit(grade_job, job): job for job in jobs}
+        for future in as_completed(futures):
+            job = futures[future]
+            try:
+                yield job, SubmissionResult.from_dict(future.result())
+            except Exception as exc:  # the worker itself died: report, don't save, retry next run
+                spec = LabSpec.from_notebook(Path(job["source"]))
+                yield job, SubmissionResult(job["student"], job["lab"], "error", max_score=spec.max_score,
+                                            message=f"grader worker failed ({type(exc).__name__}); run again to retry",
+                                            tests=[TestOutcome(t.grade_id, t.points, 0.0, "not graded") for t in spec.tests])
 
 
-def _install_source(lab: Lab, root: Path, out: Path, api) -> None:
-    """Copy the lab's solution folder into the workspace and register it in the gradebook."""
+def _install_source(lab: Lab, root: Path, out: Path) -> LabSpec:
+    """Copy the lab's source into the workspace and register it in the gradebook."""
     src = lab.source_path(root).parent
     if not src.exists():
         raise GradingSetupError(f"{lab.id}: no source folder {src}")
     copy_plain_files(src, out / "source" / lab.name)
+    api = nbgrader_api(nbgrader_config(out))
     result = api.generate_assignment(lab.name, force=True, create=True)
     if not result["success"]:
-        raise GradingSetupError(f"{lab.id}: nbgrader could not register the lab in {out}: "
-                                + _last_error_line(result) + " (use a fresh --out if the lab's source changed)")
+        raise GradingSetupError(f"{lab.id}: nbgrader could not register the lab in {out} "
+                                "(use a fresh --out if the lab's source changed): "
+                                + (result.get("error") or result.get("log") or "").strip().splitlines()[-1][:300])
+    return LabSpec.from_notebook(out / "source" / lab.name / lab.notebook)
 
 
-def _notebook_problem(path: Path, lab: Lab) -> str | None:
-    """Why `path` cannot be graded at all, or None."""
-    if not path.exists():
-        others = sorted(p.name for p in path.parent.glob("*.ipynb"))
-        return f"no {lab.notebook} in the submission" + (f" (found {', '.join(others)})" if others else "")
+def _key(submission: Path, source: Path) -> str:
+    h = hashlib.sha256(_grader_fingerprint())
+    for path in sorted(p for p in submission.rglob("*") if p.is_file()) + [source]:
+        h.update(str(path.name).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _result_path(out: Path, lab: Lab, student: str) -> Path:
+    return out / "results" / lab.name / f"{student}.json"
+
+
+def _load_result(out: Path, lab: Lab, student: str, key: str) -> SubmissionResult | None:
     try:
-        nbformat.validate(nbformat.read(path, as_version=4))
-    except Exception as exc:
-        return f"{lab.notebook} is not a valid notebook: {str(exc).splitlines()[0][:200]}"
-    return None
+        data = json.loads(_result_path(out, lab, student).read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("key") != key or data.get("result", {}).get("status") != "graded":
+        return None
+    return SubmissionResult.from_dict(data["result"])
 
 
-def first_code_error(notebook: Path) -> str:
-    """'In [3]: ModuleNotFoundError: ...' for the first error outside the graded test cells, the
-    usual reason a whole notebook scores 0 (a failing import, a syntax error)."""
-    try:
-        nb = nbformat.read(notebook, as_version=4)
-    except Exception:
-        return ""
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type != "code" or (meta.get("grade") and not meta.get("solution")):
-            continue
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "error":
-                return f"first error in In [{cell.get('execution_count')}]: {output.get('ename')}: {output.get('evalue')}"[:300]
-    return ""
+def _save_result(out: Path, lab: Lab, result: SubmissionResult, key: str) -> None:
+    if result.message.startswith("grader worker failed"):
+        return
+    path = _result_path(out, lab, result.student)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "result": result.to_dict()}, indent=1))
+    os.replace(tmp, path)  # atomic: a crash leaves the old result or the new one, never half
 
 
-def _last_error_line(result: dict) -> str:
-    text = (result.get("error") or "") + "\n" + (result.get("log") or "")
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
-    errors = [l for l in lines if "ERROR" in l or "Error" in l]
-    return (errors or lines or ["no message"])[-1][:300]
+def _publish(out: Path, lab: Lab, result: SubmissionResult) -> GradeRow:
+    """Gradebook, feedback HTML and the grade sheet row for one result (idempotent)."""
+    spec = LabSpec.from_notebook(out / "source" / lab.name / lab.notebook)
+    record(out / "gradebook.db", lab.name, Path(lab.notebook).stem, result)
+    html = out / "feedback" / result.student / lab.name / lab.notebook.replace(".ipynb", ".html")
+    write_feedback_html(spec, result, out / "submitted" / result.student / lab.name / lab.notebook, html)
+    failed = [t for t in result.tests if t.message]
+    message = result.message or (result.cell_errors[0] if result.cell_errors and result.score == 0 else "")
+    if not message and failed:
+        message = "failed: " + ", ".join(t.grade_id for t in failed)
+    return GradeRow(result.student, lab.id, result.score, result.max_score, result.status, message[:300],
+                    str(html.relative_to(out)))
 
 
 def write_csv(rows: list[GradeRow], path: Path) -> None:
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0]).keys()) if rows else
-                                ["student", "lab", "score", "max_score", "status", "message", "feedback"])
+        writer = csv.DictWriter(f, fieldnames=[f.name for f in GradeRow.__dataclass_fields__.values()])
         writer.writeheader()
         for row in rows:
             writer.writerow(asdict(row))

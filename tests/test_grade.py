@@ -7,6 +7,7 @@ import pytest
 
 from autograder.catalog import Catalog, repo_root
 from autograder.cli import main
+from autograder.gradebook import scores
 from tests.helpers import student_notebook, write_submission
 
 ROOT = repo_root()
@@ -50,7 +51,7 @@ def graded(tmp_path_factory):
     bad = write_submission(subs, "fred", LAB, student_notebook(LAB))
     bad.write_text(bad.read_text()[:500])  # truncated JSON
     out = tmp / "ws"
-    assert main(["grade", str(subs), "--out", str(out)]) == 0
+    assert main(["grade", str(subs), "--out", str(out), "--jobs", "2"]) == 0
     with open(out / "grades.csv") as f:
         rows = {r["student"]: r for r in csv.DictReader(f)}
     return out, rows
@@ -58,9 +59,17 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 def test_reference_solution_scores_full_marks(graded):
-    _, rows = graded
+    out, rows = graded
     assert rows["ada"]["status"] == "graded"
-    assert float(rows["ada"]["score"]) == float(rows["ada"]["max_score"]) > 0
+    assert float(rows["ada"]["score"]) == float(rows["ada"]["max_score"]) == 12
+
+
+@pytest.mark.slow
+def test_gradebook_holds_the_same_scores_as_the_grade_sheet(graded):
+    out, rows = graded
+    for student in ("ada", "carl", "gus", "blank", "fred"):
+        assert scores(out / "gradebook.db", "b01_attention", student) == \
+            (float(rows[student]["score"]), float(rows[student]["max_score"]))
 
 
 @pytest.mark.slow
@@ -84,6 +93,7 @@ def test_notebooks_that_cannot_run_score_zero_with_a_reason_and_others_are_grade
     assert "ModuleNotFoundError" in rows["dora"]["message"] and "no_such_module_for_camp" in rows["dora"]["message"]
     assert rows["eve"]["status"] == "graded" and float(rows["eve"]["score"]) == 0
     assert "SyntaxError" in rows["eve"]["message"]
+    assert rows["blank"]["message"] == "failed: test_softmax, test_masks, test_sdpa, test_mha"
     assert rows["fred"]["status"] == "error" and "not a valid notebook" in rows["fred"]["message"]
     assert float(rows["fred"]["score"]) == 0
     assert set(rows) == {"ada", "blank", "carl", "gus", "dora", "eve", "fred"}
