@@ -46,6 +46,7 @@ class SubmissionResult:
     notes: list[str] = field(default_factory=list)
     message: str = ""
     seconds: float = 0.0
+    retry: bool = False   # a grader-side failure: not saved, so the next run grades it again
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,7 +68,7 @@ class _Student:
 
     def restart(self) -> None:
         self.sandbox.start()
-        self.session = Session(self.sandbox)
+        self.session = Session(self.sandbox, self.deadline)
         for source in self.ran:
             self._exec(source)
 
@@ -120,7 +121,7 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
         for test in spec.tests:
             result.tests.append(_run_test(test, trusted, spec, student_proc, banned.get(test.grade_id)))
     except StudentCrashed as exc:  # the process could not even be (re)started
-        result.status, result.message = "error", str(exc)
+        result.status, result.message, result.retry = "error", str(exc), True
     finally:
         sandbox.close()
     done = {t.grade_id for t in result.tests}

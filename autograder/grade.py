@@ -111,6 +111,7 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
                 continue
             jobs.append({"student": student, "lab": lab.id, "lab_name": lab.name, "key": key,
                          "source": str(out / "source" / lab.name / lab.notebook), "submission": str(dest),
+                         "lab_files": str(lab.release_path(root).parent),
                          "scratch_root": str(scratch_root), "isolation": isolation, "hide": [str(p) for p in hide],
                          "forbid": list(lab.forbid), "threads": max(1, (os.cpu_count() or 1) // options.jobs),
                          "limits": {**asdict(options.limits),
@@ -171,6 +172,7 @@ def _run_jobs(jobs: list[dict], n: int):
                 spec = LabSpec.from_notebook(Path(job["source"]))
                 yield job, SubmissionResult(job["student"], job["lab"], "error", max_score=spec.max_score,
                                             message=f"grader worker failed ({type(exc).__name__}); run again to retry",
+                                            retry=True,
                                             tests=[TestOutcome(t.grade_id, t.points, 0.0, "not graded") for t in spec.tests])
 
 
@@ -206,13 +208,13 @@ def _load_result(out: Path, lab: Lab, student: str, key: str) -> SubmissionResul
         data = json.loads(_result_path(out, lab, student).read_text())
     except (OSError, ValueError):
         return None
-    if data.get("key") != key or data.get("result", {}).get("status") != "graded":
+    if data.get("key") != key:
         return None
     return SubmissionResult.from_dict(data["result"])
 
 
 def _save_result(out: Path, lab: Lab, result: SubmissionResult, key: str) -> None:
-    if result.message.startswith("grader worker failed"):
+    if result.retry:
         return
     path = _result_path(out, lab, result.student)
     path.parent.mkdir(parents=True, exist_ok=True)

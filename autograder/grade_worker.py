@@ -26,13 +26,16 @@ def grade_job(job: dict) -> dict:
     spec = LabSpec.from_notebook(Path(job["source"]))
     scratch = Path(job["scratch_root"]) / secrets.token_hex(8)
     try:
-        copy_plain_files(Path(job["submission"]), scratch)
+        copy_plain_files(Path(job["lab_files"]), scratch)           # data the lab ships (public)
+        for nb in scratch.glob("*.ipynb"):
+            nb.unlink()
+        copy_plain_files(Path(job["submission"]), scratch, replace=False)
         sandbox = Sandbox(scratch, isolation=job["isolation"], slot=_slot, hide=[Path(p) for p in job["hide"]],
                           limits=Limits(**job["limits"]), forbid=job["forbid"], threads=job["threads"])
         result = grade_submission(spec, scratch / spec.notebook, job["student"], job["lab"], sandbox, job["forbid"])
     except Exception as exc:  # a grader bug must not take the class down: report it for this submission
         result = SubmissionResult(job["student"], job["lab"], "error", max_score=spec.max_score,
-                                  message=f"grader error: {type(exc).__name__}: {exc}",
+                                  message=f"grader error: {type(exc).__name__}: {exc}", retry=True,
                                   tests=[TestOutcome(t.grade_id, t.points, 0.0, "not graded") for t in spec.tests])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

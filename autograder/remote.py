@@ -7,6 +7,8 @@ checks, so nothing the student's code does to its own interpreter can change a c
 """
 from __future__ import annotations
 
+import time
+
 from .sandbox import Sandbox, StudentCrashed
 from .wire import Handle, decode, encode
 
@@ -25,8 +27,8 @@ _AS_STUDENT = {cls.__name__: type(f"Student{cls.__name__}", (StudentError, cls),
 class Session:
     """A connection to the student's process, recording forbidden calls seen during requests."""
 
-    def __init__(self, sandbox: Sandbox):
-        self.sandbox = sandbox
+    def __init__(self, sandbox: Sandbox, deadline: float | None = None):
+        self.sandbox, self.deadline = sandbox, deadline
         self.forbidden: set[str] = set()
 
     def request(self, op: str, label: str, **fields):
@@ -37,8 +39,13 @@ class Session:
             renamed = {f"{key}.{k}": v for k, v in ts.items()}
             payload[key] = _rename(structure, key)
             tensors.update(renamed)
+        timeout = self.sandbox.limits.cell_seconds
+        if self.deadline is not None:
+            timeout = min(timeout, self.deadline - time.monotonic())
+            if timeout <= 0:
+                raise StudentError(f"{label}: the notebook's total time limit was reached")
         try:
-            header, out = self.sandbox.request({"op": op, **payload}, tensors)
+            header, out = self.sandbox.request({"op": op, **payload}, tensors, timeout=timeout)
         except StudentCrashed as exc:
             raise StudentError(f"{label}: {exc}") from None
         self.forbidden.update(header.get("forbidden", []))

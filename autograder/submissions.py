@@ -69,11 +69,12 @@ def collect(submissions_dir: Path, scratch: Path) -> tuple[list[Submission], lis
     return found, rejected
 
 
-def copy_plain_files(src: Path, dest: Path) -> None:
-    """Copy the regular files of `src` into `dest` (recursively), skipping links and devices."""
-    if dest.exists():
+def copy_plain_files(src: Path, dest: Path, replace: bool = True) -> None:
+    """Copy the regular files of `src` into `dest` (recursively), skipping links and devices;
+    `replace` empties `dest` first."""
+    if replace and dest.exists():
         shutil.rmtree(dest)
-    dest.mkdir(parents=True)
+    dest.mkdir(parents=True, exist_ok=True)
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
         if any(p.startswith(".") for p in rel.parts) or path.is_symlink():

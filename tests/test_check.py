@@ -7,7 +7,7 @@ import pytest
 from autograder.catalog import Catalog, repo_root
 from autograder.check import check_notebook, structure_problems
 from autograder.cli import main
-from tests.helpers import student_notebook
+from autograder.reference import student_notebook
 
 ROOT = repo_root()
 

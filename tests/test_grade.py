@@ -8,7 +8,7 @@ import pytest
 from autograder.catalog import Catalog, repo_root
 from autograder.cli import main
 from autograder.gradebook import scores
-from tests.helpers import student_notebook, write_submission
+from autograder.reference import student_notebook, write_submission
 
 ROOT = repo_root()
 LAB = "b01"
@@ -54,19 +54,19 @@ def graded(tmp_path_factory):
     assert main(["grade", str(subs), "--out", str(out), "--jobs", "2"]) == 0
     with open(out / "grades.csv") as f:
         rows = {r["student"]: r for r in csv.DictReader(f)}
-    return out, rows
+    return out, rows, subs
 
 
 @pytest.mark.slow
 def test_reference_solution_scores_full_marks(graded):
-    out, rows = graded
+    out, rows, _ = graded
     assert rows["ada"]["status"] == "graded"
     assert float(rows["ada"]["score"]) == float(rows["ada"]["max_score"]) == 12
 
 
 @pytest.mark.slow
 def test_gradebook_holds_the_same_scores_as_the_grade_sheet(graded):
-    out, rows = graded
+    out, rows, _ = graded
     for student in ("ada", "carl", "gus", "blank", "fred"):
         assert scores(out / "gradebook.db", "b01_attention", student) == \
             (float(rows[student]["score"]), float(rows[student]["max_score"]))
@@ -74,13 +74,13 @@ def test_gradebook_holds_the_same_scores_as_the_grade_sheet(graded):
 
 @pytest.mark.slow
 def test_blank_release_scores_zero(graded):
-    _, rows = graded
+    _, rows, _ = graded
     assert rows["blank"]["status"] == "graded" and float(rows["blank"]["score"]) == 0
 
 
 @pytest.mark.slow
 def test_one_wrong_function_earns_partial_credit(graded):
-    _, rows = graded
+    _, rows, _ = graded
     full = float(rows["ada"]["max_score"])
     assert float(rows["gus"]["score"]) == full - 2            # test_masks only
     assert float(rows["carl"]["score"]) == full - 2 - 4       # test_softmax and test_sdpa
@@ -88,7 +88,7 @@ def test_one_wrong_function_earns_partial_credit(graded):
 
 @pytest.mark.slow
 def test_notebooks_that_cannot_run_score_zero_with_a_reason_and_others_are_graded(graded):
-    _, rows = graded
+    _, rows, _ = graded
     assert rows["dora"]["status"] == "graded" and float(rows["dora"]["score"]) == 0
     assert "ModuleNotFoundError" in rows["dora"]["message"] and "no_such_module_for_camp" in rows["dora"]["message"]
     assert rows["eve"]["status"] == "graded" and float(rows["eve"]["score"]) == 0
@@ -101,7 +101,7 @@ def test_notebooks_that_cannot_run_score_zero_with_a_reason_and_others_are_grade
 
 @pytest.mark.slow
 def test_feedback_shows_messages_but_not_hidden_test_source(graded):
-    out, rows = graded
+    out, rows, _ = graded
     html = (out / rows["carl"]["feedback"]).read_text()
     text = _visible_text(html)
     assert "softmax of large inputs [1000, 1001]: 4 non-finite value(s)" in text, \
@@ -122,3 +122,46 @@ def _visible_text(html: str) -> str:
     import html as html_lib
     import re
     return html_lib.unescape(re.sub(r"<[^>]+>", "", html))
+
+
+@pytest.mark.slow
+def test_instructor_report_has_figures_and_failure_rates(graded):
+    out, rows, _ = graded
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 1 and "<h2>b01</h2>" in html
+    failing = sum(1 for r in rows.values() if r["student"] != "ada" and r["student"] != "gus")  # all but 2 fail softmax
+    assert f"<tr><td>test_softmax</td><td>{100 * failing / len(rows):.0f}%</td>" in html
+
+
+@pytest.mark.slow
+def test_rerun_is_idempotent_and_resumes_only_unfinished_work(graded, capsys):
+    out, rows, subs = graded
+    results = out / "results" / "b01_attention"
+    before = {p.name: p.stat().st_mtime_ns for p in results.glob("*.json")}
+    assert main(["grade", str(subs), "--out", str(out)]) == 0          # nothing changed: nothing regraded
+    assert {p.name: p.stat().st_mtime_ns for p in results.glob("*.json")} == before
+    with open(out / "grades.csv") as f:
+        assert {r["student"]: r["score"] for r in csv.DictReader(f)} == {k: v["score"] for k, v in rows.items()}
+    (results / "ada.json").unlink()                                    # as if the grader died before ada
+    write_submission(subs, "gus", LAB, student_notebook(LAB))          # gus resubmits, fixed
+    assert main(["grade", str(subs), "--out", str(out)]) == 0
+    after = {p.name: p.stat().st_mtime_ns for p in results.glob("*.json")}
+    changed = sorted(name for name in after if after[name] != before.get(name))
+    assert changed == ["ada.json", "gus.json"]
+    with open(out / "grades.csv") as f:
+        sheet = {r["student"]: float(r["score"]) for r in csv.DictReader(f)}
+    assert sheet["ada"] == 12 and sheet["gus"] == 12 and sheet["carl"] == 6
+    assert scores(out / "gradebook.db", "b01_attention", "gus") == (12.0, 12.0)
+
+
+@pytest.mark.slow
+def test_grading_without_a_sandbox_is_explicit(tmp_path, monkeypatch, capsys):
+    subs = tmp_path / "subs"
+    write_submission(subs, "ada", LAB, student_notebook(LAB))
+    import autograder.grade as grade_module
+    monkeypatch.setattr(grade_module, "namespaces_available", lambda: False)
+    assert main(["grade", str(subs), "--out", str(tmp_path / "ws")]) == 2
+    assert "--isolation none" in capsys.readouterr().err
+    assert main(["grade", str(subs), "--out", str(tmp_path / "ws"), "--isolation", "none"]) == 0
+    with open(tmp_path / "ws" / "grades.csv") as f:
+        assert [(r["student"], float(r["score"])) for r in csv.DictReader(f)] == [("ada", 12.0)]

@@ -19,7 +19,7 @@ import pytest
 from autograder.catalog import Catalog, repo_root
 from autograder.grade import GradeOptions, grade
 from autograder.sandbox import BASE_UID, namespaces_available
-from tests.helpers import solution_cells, student_notebook, write_submission
+from autograder.reference import solution_cells, student_notebook, write_submission
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not namespaces_available(), reason="namespace isolation needs root and unshare")]

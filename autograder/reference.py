@@ -1,4 +1,5 @@
-"""Helpers shared by the notebook tests: make student submissions from the course's own files."""
+"""Reference submissions made from the course's own files: the released notebook filled with the
+solution (or with chosen answers). Tests, CI and the grading benchmark grade these."""
 from __future__ import annotations
 
 import re
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.catalog import Catalog, repo_root
+from .catalog import Catalog, repo_root
 
 ROOT = repo_root()
 _MARKER_LINE = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.M)
