@@ -3,6 +3,7 @@ visible part (as released) followed by the grader's verdict. Hidden test source 
 hidden test messages do, because they tell the student what to fix."""
 from __future__ import annotations
 
+import functools
 from html import escape
 from pathlib import Path
 
@@ -57,14 +58,17 @@ def _summary(result: SubmissionResult) -> str:
     return "\n".join(lines)
 
 
-def write_feedback_html(spec: LabSpec, result: SubmissionResult, student_notebook: Path, dest: Path) -> None:
+@functools.lru_cache(maxsize=1)
+def _exporter():
     from nbconvert import HTMLExporter
+    return HTMLExporter(template_name="lab", sanitize_html=True)  # student markdown may hold scripts
 
+
+def write_feedback_html(spec: LabSpec, result: SubmissionResult, student_notebook: Path, dest: Path) -> None:
     try:
         student_nb = nbformat.read(student_notebook, as_version=4)
     except Exception:
         student_nb = None
-    exporter = HTMLExporter(template_name="lab", sanitize_html=True)  # student markdown may hold scripts
-    html, _ = exporter.from_notebook_node(feedback_notebook(spec, result, student_nb))
+    html, _ = _exporter().from_notebook_node(feedback_notebook(spec, result, student_nb))
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(html)

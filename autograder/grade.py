@@ -16,6 +16,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -116,14 +117,14 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
                          "forbid": list(lab.forbid), "threads": max(1, (os.cpu_count() or 1) // options.jobs),
                          "limits": {**asdict(options.limits),
                                     "cell_seconds": float(options.cell_timeout or lab.cell_timeout)}})
-    for job, result in _run_jobs(jobs, options.jobs):
+    for student, lab_id in sorted(results):  # finished in an earlier run
+        rows.append(_publish(out, catalog.get(lab_id), results[(student, lab_id)]))
+    for job, result in _run_jobs(jobs, options.jobs):  # published while the other jobs still run
         lab = catalog.get(job["lab"])
         _save_result(out, lab, result, job["key"])
         results[(result.student, lab.id)] = result
-    for (student, lab_id), result in sorted(results.items()):
-        lab = catalog.get(lab_id)
         rows.append(_publish(out, lab, result))
-    os.rmdir(scratch_root) if scratch_root.exists() and not any(scratch_root.iterdir()) else None
+    shutil.rmtree(scratch_root, ignore_errors=True)
     rows.sort(key=lambda r: (r.student, r.lab))
     write_csv(rows, out / "grades.csv")
     write_report(list(results.values()), out / "report.html")

@@ -24,11 +24,8 @@ def nbgrader_config(root: Path, *, source: str | Path = "source", release: str |
     """Config for an nbgrader course rooted at `root`.
 
     `source`/`release` are relative to `root` or absolute. The gradebook is sqlite at `db_path`
-    (default `root/gradebook.db`). Feedback hides hidden-test source but keeps its messages.
+    (default `root/gradebook.db`). `cell_timeout` applies when nbgrader itself executes notebooks.
     """
-    from nbgrader.preprocessors import ClearHiddenTests, GetGrades
-    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
-
     c = Config()
     c.CourseDirectory.root = str(root)
     c.CourseDirectory.source_directory = str(source)
@@ -36,7 +33,6 @@ def nbgrader_config(root: Path, *, source: str | Path = "source", release: str |
     c.CourseDirectory.db_url = f"sqlite:///{db_path or Path(root) / 'gradebook.db'}"
     c.Execute.timeout = cell_timeout
     c.Execute.kernel_name = "python3"
-    c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]
     c.NbGraderAPI.log_level = "WARN"
     return c
 

@@ -103,7 +103,7 @@ class Sandbox:
             os.chmod(self.scratch, 0o700)
         preexec = None if self.isolation == "namespace" else functools.partial(_limit_self, self.limits)
         self.proc = subprocess.Popen(self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=open(self.scratch.parent / f"{self.scratch.name}.sandbox.log", "ab"),
+                                     stderr=open(self.scratch / "sandbox.log", "ab"),
                                      cwd=self.scratch, env=sandbox_env(self.scratch, self.threads),
                                      start_new_session=True, preexec_fn=preexec)
         os.set_blocking(self.proc.stdout.fileno(), False)

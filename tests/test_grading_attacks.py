@@ -165,7 +165,7 @@ def graded(tmp_path_factory):
     ids["parameters"].source = "device, seed, n_hidden_cases, heatmap_text = 'cpu', 0, 0, ''"  # edited locked cell
     write_submission(subs, "damaged", LAB, damaged)
 
-    options = GradeOptions(jobs=2, cell_timeout=8)
+    options = GradeOptions(jobs=2, cell_timeout=15)
     rows = grade(subs, Catalog.load(), ROOT, out, None, options)
     listener.stop = True
     results = {r.student: r for r in rows}
