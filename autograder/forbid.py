@@ -70,6 +70,20 @@ def _strip_magics(source: str) -> str:
     return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
 
 
+def _resolve(dotted: str):
+    """The object named by `dotted`: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name, None)
+        return obj
+    return None
+
+
 class Tripwires:
     """Wrap forbidden callables in this process so that calling them is recorded in `hits`."""
 
@@ -93,11 +107,8 @@ class Tripwires:
                     setattr(module, name, self._wrap(obj, entry))
             return
         owner_name, _, attr = entry.rpartition(".")
-        try:
-            owner = importlib.import_module(owner_name)
-        except ImportError:
-            return
-        if hasattr(owner, attr):
+        owner = _resolve(owner_name)  # a module (torch.nn.functional) or a class (torch.Tensor)
+        if owner is not None and hasattr(owner, attr):
             setattr(owner, attr, self._wrap(getattr(owner, attr), entry))
 
     def _wrap(self, obj, entry: str):

@@ -1,6 +1,7 @@
 """`camp grade` round trip on a real lab: the reference scores full marks, a blank notebook 0,
 one wrong function partial credit, and broken notebooks are reported while the rest are graded."""
 import csv
+import zipfile
 
 import nbformat
 import pytest
@@ -50,6 +51,9 @@ def graded(tmp_path_factory):
     write_submission(subs, "eve", LAB, _with_broken_setup(student_notebook(LAB), "def broken(:"))
     bad = write_submission(subs, "fred", LAB, student_notebook(LAB))
     bad.write_text(bad.read_text()[:500])  # truncated JSON
+    zed = write_submission(tmp / "zipped", "zed", LAB, student_notebook(LAB))   # one .zip per student
+    with zipfile.ZipFile(subs / "zed.zip", "w") as z:
+        z.write(zed, f"zed/b01_attention/{zed.name}")
     out = tmp / "ws"
     assert main(["grade", str(subs), "--out", str(out), "--jobs", "2"]) == 0
     with open(out / "grades.csv") as f:
@@ -96,7 +100,8 @@ def test_notebooks_that_cannot_run_score_zero_with_a_reason_and_others_are_grade
     assert rows["blank"]["message"] == "failed: test_softmax, test_masks, test_sdpa, test_mha"
     assert rows["fred"]["status"] == "error" and "not a valid notebook" in rows["fred"]["message"]
     assert float(rows["fred"]["score"]) == 0
-    assert set(rows) == {"ada", "blank", "carl", "gus", "dora", "eve", "fred"}
+    assert set(rows) == {"ada", "blank", "carl", "gus", "dora", "eve", "fred", "zed"}
+    assert float(rows["zed"]["score"]) == 12
 
 
 @pytest.mark.slow
@@ -129,7 +134,7 @@ def test_instructor_report_has_figures_and_failure_rates(graded):
     out, rows, _ = graded
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 1 and "<h2>b01</h2>" in html
-    failing = sum(1 for r in rows.values() if r["student"] != "ada" and r["student"] != "gus")  # all but 2 fail softmax
+    failing = sum(1 for r in rows.values() if r["student"] not in ("ada", "gus", "zed"))  # the others fail softmax
     assert f"<tr><td>test_softmax</td><td>{100 * failing / len(rows):.0f}%</td>" in html
 
 

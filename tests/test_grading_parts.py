@@ -65,7 +65,7 @@ def test_wire_refuses_objects_and_malformed_messages():
     ("import torch.nn.functional as F\ny = F.scaled_dot_product_attention(q, k, v)", FORBID[:1]),
     ("import torch\ny = torch.nn.functional.scaled_dot_product_attention(q, k, v)", FORBID[:1]),
     ("from torch.nn.functional import scaled_dot_product_attention as s", FORBID[:1]),
-    ("from torch.nn.functional import *", FORBID[:1]),
+    ("from torch.nn.functional import *", [FORBID[0], FORBID[4]]),   # brings F.softmax too
     ("f = getattr(torch.nn.functional, 'scaled_dot_product_attention')", FORBID[:1]),
     ("from torch import nn\nm = nn.MultiheadAttention(8, 2)", FORBID[1:2]),
     ("from camplib.attention import softmax", FORBID[2:3]),
@@ -73,6 +73,10 @@ def test_wire_refuses_objects_and_malformed_messages():
     ("def scaled_dot_product_attention(q, k, v):\n    '''my own attention'''\n    return q", []),
     ("class MultiHeadAttention(torch.nn.Module):\n    pass", []),
     ("%matplotlib inline\nimport torch", []),
+    # an attribute spelled `softmax` could be any of the three softmax entries: all are named
+    ("def softmax(x, dim=-1):\n    return x.softmax(dim)", FORBID[3:6]),
+    ("import torch\ndef softmax(x, dim=-1):\n    return torch.softmax(x, dim)", FORBID[3:6]),
+    ("def softmax(x, dim=-1):\n    e = (x - x.amax(dim, keepdim=True)).exp()\n    return e / e.sum(dim, keepdim=True)", []),
 ])
 def test_static_scan_resolves_aliases_and_spellings(source, expected):
     assert static_uses(source, FORBID) == expected
@@ -81,8 +85,12 @@ def test_static_scan_resolves_aliases_and_spellings(source, expected):
 def test_tripwires_record_calls_of_forbidden_functions_and_classes():
     import torch.nn.functional as F
     original_sdpa, original_mha = F.scaled_dot_product_attention, torch.nn.MultiheadAttention
+    original_method = torch.Tensor.softmax
     try:
-        wires = Tripwires(FORBID[:2])
+        wires = Tripwires(FORBID[:2] + ["torch.Tensor.softmax"])
+        torch.randn(3).softmax(0)
+        assert wires.hits == {"torch.Tensor.softmax"}
+        wires.reset()
         q = torch.randn(1, 2, 3)
         torch.nn.functional.scaled_dot_product_attention(q, q, q)
         assert wires.hits == {FORBID[0]}
@@ -91,6 +99,7 @@ def test_tripwires_record_calls_of_forbidden_functions_and_classes():
         assert wires.hits == {FORBID[1]}
     finally:
         F.scaled_dot_product_attention, torch.nn.MultiheadAttention = original_sdpa, original_mha
+        torch.Tensor.softmax = original_method
 
 
 def test_lab_spec_reads_tests_names_and_setup_from_the_source():
