@@ -1,0 +1,95 @@
+"""AdamW and gradient-norm clipping, written out so every line of the update is visible.
+
+Adam keeps two running averages per parameter: the gradient (momentum, `exp_avg`) and its
+square (`exp_avg_sq`), and moves each weight by exp_avg / sqrt(exp_avg_sq): a step whose size
+is about `lr` whatever the gradient's scale. Both averages start at zero, so early on they are
+too small; dividing by (1 - beta**t) undoes that ("bias correction"). AdamW (Loshchilov &
+Hutter 2019) shrinks the weights directly (p -= lr * wd * p) instead of adding wd * p to the
+gradient, where Adam's normalisation would cancel most of its effect.
+
+The state uses torch's names (`step`, `exp_avg`, `exp_avg_sq`; `step` a float32 tensor), so a
+state_dict moves between this optimizer and torch.optim.AdamW in either direction.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+from torch import nn
+
+__all__ = ["AdamW", "clip_grad_norm_", "decay_param_groups"]
+
+
+class AdamW(torch.optim.Optimizer):
+    """torch.optim.AdamW's update (amsgrad=False, maximize=False), one parameter at a time."""
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2):
+        if lr < 0 or eps < 0 or weight_decay < 0:
+            raise ValueError(f"need lr, eps, weight_decay >= 0, got {lr}, {eps}, {weight_decay}")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"need 0 <= beta < 1, got betas={betas}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:  # frozen or unused this step: no update, no state
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("AdamW does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                grad, m, v = p.grad, state["exp_avg"], state["exp_avg_sq"]
+                state["step"] += 1
+                t = state["step"].item()
+                p.mul_(1 - lr * wd)                              # decoupled weight decay
+                m.mul_(beta1).add_(grad, alpha=1 - beta1)        # m = b1 m + (1 - b1) g
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)  # v = b2 v + (1 - b2) g^2
+                m_scale = 1 - beta1 ** t                         # bias corrections
+                v_scale = math.sqrt(1 - beta2 ** t)
+                denom = (v.sqrt() / v_scale).add_(eps)           # eps outside the sqrt, as torch
+                p.addcdiv_(m, denom, value=-lr / m_scale)
+        return loss
+
+
+@torch.no_grad()
+def clip_grad_norm_(params: Iterable[torch.Tensor] | torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Scale all gradients together so their global L2 norm is at most max_norm; return the norm
+    before clipping. One global factor keeps the update's direction, only its length shrinks.
+
+    As torch.nn.utils.clip_grad_norm_: the factor is max_norm / (norm + 1e-6) capped at 1, and
+    it is applied even when it is 1 (no branch, so no GPU -> CPU sync).
+    """
+    if isinstance(params, torch.Tensor):
+        params = [params]
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    per_tensor = torch.stack([g.detach().pow(2).sum().sqrt() for g in grads])
+    total_norm = per_tensor.pow(2).sum().sqrt()
+    factor = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(factor.to(g.device, g.dtype))
+    return total_norm
+
+
+def decay_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two param groups: matrices (Linear and Embedding weights) decay, the rest (biases, norm
+    gains) do not, as in GPT-2 / nanoGPT: shrinking a LayerNorm gain or a bias toward zero is
+    not regularisation, it just fights the model. Tied weights appear once."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
