@@ -3,14 +3,17 @@
 Each module is what a finished lab leaves behind, so later labs can import it instead of
 re-deriving it: `device` (where to run, seeding), `attention` (softmax, scaled dot-product and
 multi-head attention, KV cache), `rope` (rotary position embeddings), `model` (a GPT-2 / Llama
-style decoder) and `hf` (weights exchanged with Hugging Face `transformers`).
+style decoder), `hf` (weights exchanged with Hugging Face `transformers`), `tokenizer`
+(byte-level BPE), `data` (the standard-library corpus, de-duplication, packing, sharded loading),
+`optim`, `schedule`, `checkpoint` and `trainer` (the training loop) and `generate` (sampling).
 
 Importing `camplib` imports nothing heavy: submodules are loaded when first used, so
 `import camplib` stays cheap and never pulls in `transformers`.
 """
 import importlib
 
-__all__ = ["device", "attention", "rope", "model", "hf"]
+__all__ = ["device", "attention", "rope", "model", "hf", "tokenizer", "data", "optim", "schedule",
+           "checkpoint", "trainer", "generate"]
 
 
 def __getattr__(name):

@@ -138,13 +138,14 @@ class MultiHeadAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = True,
-                cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, d_model) -> (B, T, d_model).
 
         attn_mask (bool True = may attend, or additive float), broadcastable to (B, H, T, S), is
         combined with the causal mask when is_causal. With a cache, the T new tokens sit at
         positions cache.length .. cache.length+T-1: RoPE starts there and the causal mask is
-        bottom-right aligned over all S = cache.length + T keys.
+        bottom-right aligned over all S = cache.length + T keys. `positions` ((T,) or (B, T)
+        integers) overrides where RoPE puts the new tokens, e.g. past the pads of a left-padded batch.
         """
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
@@ -154,7 +155,7 @@ class MultiHeadAttention(nn.Module):
         v = v.view(B, T, Hkv, D).transpose(1, 2)
         offset = cache.length if cache is not None else 0
         if self.rope is not None:
-            q, k = self.rope(q, offset), self.rope(k, offset)
+            q, k = self.rope(q, offset, positions), self.rope(k, offset, positions)
         if cache is not None:
             k, v = cache.update(k, v)
         if Hkv != H:  # query head h reads kv head h // (H // Hkv)

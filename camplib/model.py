@@ -143,8 +143,9 @@ class Block(nn.Module):
         self.ln2 = make_norm(cfg)
         self.mlp = SwiGLU(cfg) if cfg.mlp == "swiglu" else MLP(cfg)
 
-    def forward(self, x, cache: KVCache | None = None):
-        x = x + self.attn(self.ln1(x), cache=cache)
+    def forward(self, x, cache: KVCache | None = None, attn_mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None):
+        x = x + self.attn(self.ln1(x), attn_mask=attn_mask, cache=cache, positions=positions)
         return x + self.mlp(self.ln2(x))
 
 
@@ -180,28 +181,43 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                caches: list[KVCache] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                caches: list[KVCache] | None = None, *, attention_mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx: (B, T) token ids -> (logits (B, T, vocab), loss or None).
 
         `targets` are already shifted: targets[:, t] is the token that follows idx[:, t]
         (for a sequence s, call model(s[:, :-1], s[:, 1:])). Positions with -100 are ignored.
         With `caches` (one KVCache per layer, see new_caches) idx holds only the new tokens,
         which continue the cached ones.
+
+        Batches of prompts padded on the left (camplib.generate) pass `attention_mask` (B, S),
+        1/True for real tokens and 0 for pads over all S = cached + new keys, so no query reads a
+        pad, and `positions` (B, T), each token's position counted without the pads (learned
+        table and RoPE alike). Without them, token t sits at position offset + t.
         """
         B, T = idx.shape
         offset = caches[0].length if caches is not None else 0
         if offset + T > self.config.max_seq_len:
             raise ValueError(f"sequence of {offset + T} tokens exceeds max_seq_len={self.config.max_seq_len}")
+        key_mask = None
+        if attention_mask is not None:
+            if attention_mask.shape != (B, offset + T):
+                raise ValueError(f"attention_mask must be (batch, cached + new) = {(B, offset + T)}, "
+                                 f"got {tuple(attention_mask.shape)}")
+            key_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S): broadcast over heads, queries
         x = self.tok_emb(idx)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(offset, offset + T, device=idx.device))
+            pos = torch.arange(offset, offset + T, device=idx.device) if positions is None else positions
+            x = x + self.pos_emb(pos)
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
-            x = block(x, cache=caches[i] if caches is not None else None)
+            x = block(x, cache=caches[i] if caches is not None else None, attn_mask=key_mask,
+                      positions=positions)
         logits = self.lm_head(self.ln_f(x))
         loss = None
-        if targets is not None:  # in fp32 even for bf16 models: log-softmax over a big vocab needs it
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        if targets is not None:  # at least fp32 (log-softmax over a big vocab in bf16 loses too much)
+            loss_dtype = torch.promote_types(logits.dtype, torch.float32)
+            loss = F.cross_entropy(logits.flatten(0, 1).to(loss_dtype), targets.flatten(), ignore_index=-100)
         return logits, loss
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
