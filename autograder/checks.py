@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 __all__ = ["TOLERANCES", "tolerance", "check_close", "check_equal", "check_shape", "check_true", "check_finite",
-           "forward_backward", "load_parameters", "parameters_of"]
+           "forward_backward", "load_parameters", "parameters_of", "make"]
 
 # (atol, rtol) used when a check does not state its own. Chosen for results of a few dozen
 # floating point operations on values of order 1: fp64 keeps ~15 digits, fp32 ~7, bf16 ~3.
@@ -178,4 +178,24 @@ def parameters_of(module: Any) -> dict[str, torch.Tensor]:
     if _remote(module):
         return dict(module._parameters())
     return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+# Set by the grader while it runs a test cell: objects `make` builds then live in the student's
+# process, next to the student's code that will use them.
+_grading_session = None
+MAKE_ALLOWED = ("camplib.", "torch.")
+
+
+def make(path: str, *args: Any, **kwargs: Any):
+    """Build `path(*args, **kwargs)` (a class or factory from the course library or torch, e.g.
+    "camplib.model.GPT") where the student's code runs: here in the notebook, and in the
+    student's process during grading. Use it for objects a test hands to the student's code
+    (a model for their generate(), parameters for their optimizer)."""
+    if not path.startswith(MAKE_ALLOWED):
+        raise ValueError(f"make: {path!r} is not in {MAKE_ALLOWED}")
+    if _grading_session is not None:
+        return _grading_session.make(path, args, kwargs)
+    import importlib
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)(*args, **kwargs)
 

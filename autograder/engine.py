@@ -16,6 +16,7 @@ from pathlib import Path
 
 import nbformat
 
+from . import checks
 from .forbid import static_uses
 from .labspec import LabSpec
 from .program import build_program
@@ -169,6 +170,7 @@ def _run_test(test, trusted: dict, spec: LabSpec, student: _Student, banned: str
     ns.update({name: RemoteObject(student.session, name, name) for name in spec.student_names})
     out = io.StringIO()
     message = ""
+    checks._grading_session = student.session   # `make` builds in the student's process
     try:
         with contextlib.redirect_stdout(out):
             exec(compile(test.source, f"<{test.grade_id}>", "exec"), ns)
@@ -178,6 +180,8 @@ def _run_test(test, trusted: dict, spec: LabSpec, student: _Student, banned: str
         message = str(exc) or "a check failed"
     except Exception as exc:  # the test tripped over what the student's code returned
         message = f"{type(exc).__name__}: {exc} ({_where(exc, test.grade_id)})"
+    finally:
+        checks._grading_session = None
     hits = student.session.forbidden
     if hits:  # the reason for the zero, whatever else went wrong
         message = f"your code called {', '.join(sorted(hits))}, which this lab forbids" + (f" ({message})" if message else "")

@@ -55,6 +55,10 @@ class Session:
         return decode(header.get("value"), out, lambda h: RemoteObject(self, h, label.removesuffix("(...)")))
 
 
+    def make(self, path: str, args, kwargs):
+        return self.request("make", f"{path}(...)", path=path, args=list(args), kwargs=dict(kwargs))
+
+
 def _rename(structure, prefix: str):
     """Prefix tensor keys so several encoded fields can share one safetensors blob."""
     if isinstance(structure, list):
@@ -83,6 +87,12 @@ class RemoteObject:
     def __call__(self, *args, **kwargs):
         return self._session.request("call", f"{self._label}(...)", target=self._target_ref(),
                                      args=list(args), kwargs=dict(kwargs))
+
+    def _as_handle(self) -> int:
+        if isinstance(self._target, str):
+            raise TypeError(f"{self._label} is a name in the student's notebook, not an object: "
+                            "it cannot be passed as an argument")
+        return self._target
 
     def _target_ref(self):
         return self._target if isinstance(self._target, str) else Handle(self._target)

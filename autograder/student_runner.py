@@ -6,7 +6,7 @@ module parameters. Only tensors and plain data go back (autograder.wire). The gr
 trusts anything this process computes except as "the student's answer".
 
 Protocol on the original stdin/stdout (the student's own prints go to output.log):
-  request  {"op": "exec"|"call"|"getattr"|"forward_backward"|"load_parameters"|"parameters", ...}
+  request  {"op": "exec"|"call"|"getattr"|"make"|"forward_backward"|"load_parameters"|"parameters", ...}
   response {"ok": true, "value": ..., "forbidden": [...]} | {"ok": false, "error": "...", ...}
 """
 from __future__ import annotations
@@ -68,6 +68,18 @@ class Runner:
         fn = self.target(req)
         args, kwargs = decode(req["args"], tensors, self.resolve), decode(req["kwargs"], tensors, self.resolve)
         return self.reply(fn(*args, **kwargs))
+
+    def op_make(self, req, tensors):
+        import importlib
+        from .checks import MAKE_ALLOWED
+        from .wire import decode
+        path = req["path"]
+        if not isinstance(path, str) or not path.startswith(MAKE_ALLOWED):
+            raise ValueError(f"make: {path!r} is not allowed")
+        module, _, name = path.rpartition(".")
+        factory = getattr(importlib.import_module(module), name)
+        args, kwargs = decode(req["args"], tensors, self.resolve), decode(req["kwargs"], tensors, self.resolve)
+        return self.reply(factory(*args, **kwargs))
 
     def op_forward_backward(self, req, tensors):
         from .checks import forward_backward

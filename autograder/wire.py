@@ -62,6 +62,8 @@ def encode(value: Any, register_handle=None) -> tuple[Any, dict[str, torch.Tenso
             return {"__device__": str(v)}
         if isinstance(v, Handle):
             return {"__handle__": v.id}
+        if hasattr(type(v), "_as_handle"):  # a stand-in for an object already in the student's process
+            return {"__handle__": v._as_handle()}
         if type(v) in (list, tuple):
             items = [enc(x, depth + 1) for x in v]
             return items if type(v) is list else {"__tuple__": items}
