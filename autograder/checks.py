@@ -183,7 +183,12 @@ def parameters_of(module: Any) -> dict[str, torch.Tensor]:
 # Set by the grader while it runs a test cell: objects `make` builds then live in the student's
 # process, next to the student's code that will use them.
 _grading_session = None
-MAKE_ALLOWED = ("camplib.", "torch.")
+MAKE_ALLOWED = ("camplib.", "torch.")      # prefixes
+MAKE_ALLOWED_EXACT = ("os.listdir",)        # for tests that look at files the student's code wrote
+
+
+def make_allowed(path: str) -> bool:
+    return isinstance(path, str) and (path.startswith(MAKE_ALLOWED) or path in MAKE_ALLOWED_EXACT)
 
 
 def make(path: str, *args: Any, **kwargs: Any):
@@ -191,8 +196,8 @@ def make(path: str, *args: Any, **kwargs: Any):
     "camplib.model.GPT") where the student's code runs: here in the notebook, and in the
     student's process during grading. Use it for objects a test hands to the student's code
     (a model for their generate(), parameters for their optimizer)."""
-    if not path.startswith(MAKE_ALLOWED):
-        raise ValueError(f"make: {path!r} is not in {MAKE_ALLOWED}")
+    if not make_allowed(path):
+        raise ValueError(f"make: {path!r} is not in {MAKE_ALLOWED + MAKE_ALLOWED_EXACT}")
     if _grading_session is not None:
         return _grading_session.make(path, args, kwargs)
     import importlib

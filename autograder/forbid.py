@@ -90,7 +90,10 @@ class Tripwires:
     def __init__(self, forbid: list[str]):
         self.hits: set[str] = set()
         for entry in forbid:
-            self._arm(entry)
+            try:
+                self._arm(entry)
+            except Exception:  # an entry that cannot be armed is still caught by the source scan
+                pass
 
     def reset(self) -> None:
         self.hits.clear()
@@ -119,8 +122,11 @@ class Tripwires:
             def __init__(self_, *args, **kwargs):
                 hits.add(entry)
                 original_init(self_, *args, **kwargs)
-            return type(obj.__name__, (obj,), {"__init__": __init__, "__module__": obj.__module__,
-                                               "__qualname__": obj.__qualname__})
+            try:
+                return type(obj.__name__, (obj,), {"__init__": __init__, "__module__": obj.__module__,
+                                                   "__qualname__": obj.__qualname__})
+            except (TypeError, AttributeError):  # final classes, enums with members: leave as is
+                return obj
 
         def wrapper(*args, **kwargs):
             hits.add(entry)

@@ -71,10 +71,10 @@ class Runner:
 
     def op_make(self, req, tensors):
         import importlib
-        from .checks import MAKE_ALLOWED
+        from .checks import make_allowed
         from .wire import decode
         path = req["path"]
-        if not isinstance(path, str) or not path.startswith(MAKE_ALLOWED):
+        if not make_allowed(path):
             raise ValueError(f"make: {path!r} is not allowed")
         module, _, name = path.rpartition(".")
         factory = getattr(importlib.import_module(module), name)

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 
 import nbformat
@@ -242,7 +243,10 @@ def test_stderr_output_does_not_zero_a_passing_test(graded):
 def test_no_process_outlives_grading_and_the_network_is_closed(graded):
     _, rows, details, listener = graded
     ps = subprocess.run(["ps", "-eo", "uid=,args="], capture_output=True, text=True).stdout
-    leftovers = [l for l in ps.splitlines() if MARKER in l or int(l.split()[0]) >= BASE_UID]
+    # ours: the attackers' marked sleeps, and any sandbox uid running this checkout's Python
+    # (another grader on the same machine may legitimately be running its own sandboxes)
+    leftovers = [l for l in ps.splitlines()
+                 if MARKER in l or (int(l.split()[0]) >= BASE_UID and sys.executable in l)]
     assert leftovers == []
     assert rows["leftover_processes"].score == 12
     assert listener.connections == 0 and rows["network"].score == 10

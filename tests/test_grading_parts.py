@@ -102,6 +102,18 @@ def test_tripwires_record_calls_of_forbidden_functions_and_classes():
         torch.Tensor.softmax = original_method
 
 
+def test_tripwires_arm_whole_libraries_without_breaking_them():
+    import tokenizers
+    before = {name: getattr(tokenizers, name) for name in dir(tokenizers)}
+    try:
+        wires = Tripwires(["tokenizers"])   # holds enums with members, which cannot be subclassed
+        assert wires.hits == set()
+        assert list(tokenizers.SplitDelimiterBehavior)  # enums left usable
+    finally:
+        for name, obj in before.items():
+            setattr(tokenizers, name, obj)
+
+
 def test_lab_spec_reads_tests_names_and_setup_from_the_source():
     spec = LabSpec.from_notebook(B01.source_path(ROOT))
     assert [t.grade_id for t in spec.tests] == ["test_softmax", "test_masks", "test_sdpa", "test_mha"]
