@@ -21,7 +21,7 @@ from .forbid import static_uses
 from .labspec import LabSpec
 from .program import build_program
 from .remote import RemoteObject, Session, StudentError
-from .sandbox import Limits, Sandbox, StudentCrashed
+from .sandbox import Sandbox, StudentCrashed
 
 MAX_MESSAGE = 2000
 

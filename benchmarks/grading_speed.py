@@ -11,7 +11,6 @@ Prints seconds and ratios, and checks that all three give the same scores.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import shutil
 import tempfile

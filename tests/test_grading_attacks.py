@@ -8,7 +8,6 @@ CI has; elsewhere the module is skipped with that reason.
 """
 import csv
 import json
-import os
 import socket
 import subprocess
 import sys
