@@ -12,7 +12,7 @@ STAMP := $(VENV)/.camp-installed
 
 lab: setup ## set everything up and open JupyterLab on the released labs
 	$(BIN)/camp list
-	$(BIN)/jupyter lab --ServerApp.root_dir=labs
+	$(BIN)/jupyter lab --ServerApp.root_dir=labs $(if $(filter 0,$(shell id -u)),--allow-root)
 
 setup: $(STAMP)
 
