@@ -88,10 +88,8 @@ class RemoteObject:
         return self._session.request("call", f"{self._label}(...)", target=self._target_ref(),
                                      args=list(args), kwargs=dict(kwargs))
 
-    def _as_handle(self) -> int:
-        if isinstance(self._target, str):
-            raise TypeError(f"{self._label} is a name in the student's notebook, not an object: "
-                            "it cannot be passed as an argument")
+    def _as_handle(self) -> int | str:
+        """An object id, or a name the student's notebook defines (resolved there)."""
         return self._target
 
     def _target_ref(self):

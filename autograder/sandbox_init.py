@@ -1,5 +1,5 @@
 """First program inside a grading sandbox (runs as root in fresh mount, network and PID
-namespaces made by `unshare`): hide what the student must not see, drop to an unprivileged
+namespaces made by `unshare`): bring up loopback (only), hide what the student must not see, drop to an unprivileged
 user, apply resource limits, then exec the student runner.
 
   python -m autograder.sandbox_init --uid U --scratch DIR --hide PATH... --expose PATH...
@@ -65,6 +65,18 @@ def hide(paths: list[Path]) -> None:
             mount("--bind", "/dev/null", str(p))
 
 
+def loopback_up() -> None:
+    """Bring up `lo` in the new network namespace (it starts down): ranks of a distributed test
+    talk over 127.0.0.1, and nothing else is reachable from this namespace."""
+    import fcntl
+    import socket
+    import struct
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sH", fcntl.ioctl(s, siocgifflags, struct.pack("16sH", b"lo", 0)))[1]
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sH", b"lo", flags | iff_up))
+
+
 def drop_privileges(uid: int) -> None:
     os.setgroups([])
     os.setgid(uid)
@@ -90,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     expose([Path(p) for p in args.expose])
     hide([Path(p) for p in args.hide])
     os.chdir(args.scratch)
+    loopback_up()
     drop_privileges(args.uid)
     for item in args.limit:
         name, value = item.split("=")

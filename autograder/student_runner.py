@@ -35,7 +35,11 @@ class Runner:
         self.handles[id(obj)] = obj
         return id(obj)
 
-    def resolve(self, handle_id: int):
+    def resolve(self, handle_id: int | str):
+        if isinstance(handle_id, str):  # something the notebook defines, passed by name
+            if handle_id not in self.ns:
+                raise NameError(f"name '{handle_id}' is not defined in your notebook")
+            return self.ns[handle_id]
         if handle_id not in self.handles:
             raise KeyError(f"unknown object handle {handle_id}")
         return self.handles[handle_id]

@@ -27,12 +27,13 @@ class WireError(ValueError):
 
 
 class Handle:
-    """Reference to an object living in the student's process (a module instance, say)."""
+    """Reference to an object living in the student's process: an object id (a module instance,
+    say) or the name of something their notebook defined (a function passed to a course helper)."""
 
     __slots__ = ("id",)
 
-    def __init__(self, id: int):
-        self.id = int(id)
+    def __init__(self, id: int | str):
+        self.id = id if isinstance(id, str) else int(id)
 
     def __repr__(self) -> str:
         return f"Handle({self.id})"
@@ -107,7 +108,7 @@ def decode(structure: Any, tensors: dict[str, torch.Tensor], resolve_handle=None
             return getattr(torch, payload)
         if tag == "__device__" and isinstance(payload, str):
             return torch.device(payload)
-        if tag == "__handle__" and isinstance(payload, int):
+        if tag == "__handle__" and isinstance(payload, (int, str)) and not isinstance(payload, bool):
             return resolve_handle(payload) if resolve_handle else Handle(payload)
         raise WireError(f"malformed value tag {tag!r}")
 

@@ -13,6 +13,11 @@ import torch
 def last_logits(model, idx):
     logits, _ = model(idx)
     return logits[:, -1]
+
+def doubled_sum(t):
+    import torch.distributed as dist
+    dist.all_reduce(t)
+    return 2 * t
 '''
 
 
@@ -49,3 +54,18 @@ def test_make_refuses_anything_outside_the_course_and_torch(session):
         make("os.system", "true")
     with pytest.raises(StudentError, match="not allowed"):
         session.request("make", "os.system(...)", path="os.system", args=["true"], kwargs={})
+
+
+def test_a_students_function_runs_on_ranks_inside_the_sandbox(session):
+    """Distributed labs: the student's function is passed by name to a course helper, which
+    forks the ranks next to it (loopback networking only) and returns plain tensors."""
+    inputs = [torch.full((4,), 1.0), torch.full((4,), 2.0)]
+    checks._grading_session = session
+    try:
+        out = make("camplib.dist.harness.run_collective", RemoteObject(session, "doubled_sum", "doubled_sum"), inputs)
+    finally:
+        checks._grading_session = None
+    assert [o.tolist() for o in out["outputs"]] == [[6.0] * 4, [6.0] * 4]
+    assert out["calls"] == [{"allreduce": 1}, {"allreduce": 1}] and out["bytes_sent"] == [0, 0]
+    with pytest.raises(StudentError, match="not defined in your notebook"):
+        session.make("camplib.dist.harness.run_collective", [RemoteObject(session, "missing", "missing"), inputs], {})

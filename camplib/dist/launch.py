@@ -1,0 +1,275 @@
+"""Run a function on N ranks of `torch.distributed`: from a notebook, a script, or under torchrun.
+
+`launch(fn, world_size, *args)` returns `[fn(0, N, *args), ..., fn(N-1, N, *args)]`.
+
+- Locally it forks N processes (fork, not spawn, so functions defined in a notebook work) that
+  rendezvous on a TCP store this process hosts on a free port: two runs at once never collide.
+- Under `torchrun` (RANK/WORLD_SIZE in the environment) it runs `fn` in this process with the
+  ranks torchrun gave and all-gathers the return values, so the same script scales to many
+  machines unchanged.
+- Failures are loud and bounded: an exception on any rank is re-raised here with the rank and the
+  remote traceback; a rank that dies, or a collective that never completes (mismatched calls),
+  ends every rank and raises within `timeout` seconds. No process outlives the call.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import wait
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["launch", "RankError", "RankDied", "RankTimeout", "default_backend", "under_torchrun"]
+
+GRACE_SECONDS = 0.5  # after a failure, how long the other ranks get to flush output before being killed
+
+
+class RankError(RuntimeError):
+    """A rank raised. `rank`, `kind` (the exception's type name) and `remote_traceback` say what."""
+
+    def __init__(self, rank: int, kind: str, message: str, remote_traceback: str):
+        self.rank, self.kind, self.remote_traceback = rank, kind, remote_traceback
+        if "timed out" in message.lower() or "timeout" in message.lower():
+            message += ("\n(a collective timed out: did every rank call the same collectives, in the same "
+                        "order, with tensors of the same size?)")
+        elif "closed by peer" in message.lower():
+            message += "\n(another rank ended, or crashed, while this one was still in a collective)"
+        super().__init__(f"rank {rank} raised {kind}: {message}\n"
+                         f"--- traceback on rank {rank} ---\n{remote_traceback.rstrip()}")
+
+
+class RankDied(RuntimeError):
+    """A rank's process ended without reporting (os._exit, a crash, killed for memory)."""
+
+
+class RankTimeout(TimeoutError):
+    """The ranks did not finish in time (a hung collective, an endless loop)."""
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def launch(fn, world_size: int, *args, backend: str | None = None, timeout: float = 60.0,
+           run_timeout: float | None = None) -> list:
+    """[fn(rank, world_size, *args) for every rank], each rank a member of one process group.
+
+    `timeout` (seconds) bounds every collective: a rank waiting longer for its peers raises, and
+    the run ends with that error. `run_timeout` (seconds, optional) bounds the whole run: past
+    it every rank is killed (an endless loop outside collectives). NCCL needs one GPU per rank;
+    gloo runs anywhere.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    backend = backend or default_backend()
+    if under_torchrun():
+        return _run_under_torchrun(fn, world_size, args, backend, timeout)
+    if backend == "nccl":
+        if torch.cuda.device_count() < world_size:
+            raise ValueError(f"nccl needs one GPU per rank: {world_size} ranks, "
+                             f"{torch.cuda.device_count()} GPUs (use backend='gloo')")
+        if torch.cuda.is_initialized():
+            raise RuntimeError("CUDA was already used in this process, and a forked rank cannot use it: "
+                               "call launch() before touching CUDA, or run the script under torchrun")
+    if sys.platform == "win32":
+        raise RuntimeError("launch() forks its ranks; on Windows run the script under torchrun")
+    return _run_forked(fn, world_size, args, backend, timeout, run_timeout)
+
+
+# -- under torchrun: this process is one rank ------------------------------------------------
+def _run_under_torchrun(fn, world_size, args, backend, timeout):
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if size != world_size:
+        raise ValueError(f"launch(..., world_size={world_size}) under torchrun with WORLD_SIZE={size}")
+    created = not dist.is_initialized()
+    if created:
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    try:
+        value = fn(rank, size, *args)
+        values = [None] * size
+        dist.all_gather_object(values, _to_cpu(value))
+        return values
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+# -- locally: fork N ranks ------------------------------------------------------------------
+def _run_forked(fn, world_size, args, backend, timeout, run_timeout):
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout))
+    ctx = mp.get_context("fork")
+    procs, conns = [], []
+    try:
+        for rank in range(world_size):
+            parent_end, child_end = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_rank_main, daemon=True, name=f"camplib-rank-{rank}",
+                            args=(fn, rank, world_size, args, backend, store.port, timeout, child_end, os.getpid()))
+            p.start()
+            child_end.close()
+            procs.append(p)
+            conns.append(parent_end)
+        return _collect(procs, conns, run_timeout)
+    finally:
+        _end_all(procs)
+        for c in conns:
+            c.close()
+        del store
+
+
+def _collect(procs, conns, run_timeout):
+    results: dict[int, object] = {}
+    failure: Exception | None = None
+    deadline = time.monotonic() + (run_timeout if run_timeout is not None else float("inf"))
+    open_conns = dict(enumerate(conns))
+    while len(results) < len(procs):
+        left = deadline - time.monotonic()
+        if failure is not None:
+            left = min(left, failure_deadline - time.monotonic())
+        if left <= 0:
+            if failure is not None:
+                raise failure
+            missing = sorted(set(range(len(procs))) - set(results))
+            raise RankTimeout(f"ranks {missing} did not finish within run_timeout={run_timeout:g} s "
+                              "(an endless loop? a very slow step?); all ranks were ended")
+        watch = list(open_conns.values()) + [procs[r].sentinel for r in open_conns if r not in results]
+        for ready in wait(watch, timeout=None if left == float("inf") else left):
+            rank = next((r for r, c in open_conns.items() if c is ready), None)
+            if rank is None:  # a process ended; its last messages may still be in the pipe
+                continue
+            try:
+                kind, payload = pickle.loads(ready.recv_bytes())
+            except (EOFError, OSError):
+                del open_conns[rank]
+                continue
+            if kind == "out":
+                (sys.stderr if payload[0] == "err" else sys.stdout).write(payload[1])
+            elif kind == "ok":
+                results[rank] = payload
+            elif kind == "error" and failure is None:
+                failure, failure_deadline = RankError(rank, *payload), time.monotonic() + GRACE_SECONDS
+        for r, p in enumerate(procs):
+            if r not in results and r not in open_conns and not p.is_alive() and failure is None:
+                p.join()
+                failure, failure_deadline = RankDied(f"rank {r} died without a result ({_exit_reason(p.exitcode)}); "
+                                                     "all ranks were ended"), time.monotonic()
+    if failure is not None:
+        raise failure
+    return [results[r] for r in range(len(procs))]
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _end_all(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    stop = time.monotonic() + 3.0
+    for p in procs:
+        p.join(max(0.0, stop - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+class _RankStream:
+    """sys.stdout/sys.stderr of a rank: lines go to the launching process, tagged with the rank."""
+
+    def __init__(self, conn, rank: int, which: str):
+        self.conn, self.rank, self.which, self.buf = conn, rank, which, ""
+
+    def write(self, text: str) -> int:
+        self.buf += text
+        if "\n" in self.buf:
+            head, _, self.buf = self.buf.rpartition("\n")
+            lines = "".join(f"[rank {self.rank}] {line}\n" for line in head.split("\n"))
+            self.conn.send_bytes(pickle.dumps(("out", (self.which, lines))))
+        return len(text)
+
+    def flush(self) -> None:
+        if self.buf:
+            self.write("\n")
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: the kernel kills this rank if the launching process dies (even by SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # it died before the line above took effect
+            os._exit(1)
+
+
+def _rank_main(fn, rank, world_size, args, backend, port, timeout, conn, parent) -> None:
+    code = 0
+    try:
+        _die_with_parent(parent)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the notebook ends ranks via the parent
+        sys.stdout, sys.stderr = _RankStream(conn, rank, "out"), _RankStream(conn, rank, "err")
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                          LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if sys.platform.startswith("linux") and os.path.exists("/sys/class/net/lo"):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local ranks talk over loopback only
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
+                              timeout=timedelta(seconds=timeout))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout))
+        value = fn(rank, world_size, *args)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        message = ("ok", _to_cpu(value))
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
+        code = 1
+        message = ("error", (type(exc).__name__, str(exc), "".join(traceback.format_exception(exc))))
+    try:
+        data = pickle.dumps(message)
+    except Exception as exc:  # noqa: BLE001
+        code = 1
+        data = pickle.dumps(("error", ("TypeError", f"the return value cannot be sent back: {exc}", "")))
+    try:
+        conn.send_bytes(data)
+        conn.close()
+    except OSError:
+        pass
+    if code == 0:
+        # Stay alive until the launching process ends us: a peer still inside a collective then
+        # sees its real error (a timeout) rather than "connection closed by peer".
+        while True:
+            time.sleep(3600)
+    # Skip the parent's atexit handlers and the process group's teardown (which can block on
+    # peers that failed): the launching process ends whatever is left.
+    os._exit(code)
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value) if type(value) in (list, tuple) else value
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
