@@ -114,7 +114,7 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
     student_proc = _Student(sandbox, start + sandbox.limits.notebook_seconds)
     try:
         student_proc.restart()
-        for label, source in program.cells:
+        for label, source, _ in program.cells:
             error = student_proc.run_cell(source)
             if error:
                 result.cell_errors.append(f"{label}: {error}"[:MAX_MESSAGE])
@@ -139,13 +139,12 @@ def _static_forbidden(spec: LabSpec, program, forbid: list[str]) -> dict[str, st
     if not forbid:
         return banned
     course_sources = set(spec.locked.values()) | {spec.parameters, *spec.setup}
-    for label, source in program.cells:
+    for label, source, grade_id in program.cells:
         if source in course_sources:
             continue
         hits = static_uses(source, forbid)
         if not hits:
             continue
-        grade_id = label.split("(")[-1].rstrip(")") if "(" in label else None
         tests = spec.solution_tests.get(grade_id) if grade_id else None
         for test in tests or [t.grade_id for t in spec.tests]:  # a stray cell can affect any test
             banned.setdefault(test, f"{label} uses {', '.join(hits)}, which this lab forbids")

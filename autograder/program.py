@@ -10,13 +10,20 @@ duplicated, re-typed or metadata-stripped graded cell is noted for the feedback.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .labspec import LabSpec
 
 
+class ProgramCell(NamedTuple):
+    label: str              # how feedback names it: "cell 7 (sdpa)"
+    source: str
+    grade_id: str | None    # the nbgrader cell it came from, if any
+
+
 @dataclass
 class Program:
-    cells: list[tuple[str, str]] = field(default_factory=list)   # (label, source) in order
+    cells: list[ProgramCell] = field(default_factory=list)   # in the order they run
     notes: list[str] = field(default_factory=list)
 
 
@@ -36,7 +43,7 @@ def build_program(spec: LabSpec, nb) -> Program:
                 program.notes.append(f"cell '{grade_id}' was turned into {cell.cell_type}: "
                                      + ("the course's version was used" if grade_id in spec.locked else "it was not run"))
                 if grade_id in spec.locked and grade_id not in test_ids and seen[grade_id] == 1:
-                    program.cells.append((grade_id, spec.locked[grade_id]))
+                    program.cells.append(ProgramCell(grade_id, spec.locked[grade_id], grade_id))
             continue
         if "skip-grading" in cell.metadata.get("tags", []):
             continue
@@ -52,9 +59,9 @@ def build_program(spec: LabSpec, nb) -> Program:
         if grade_id in spec.locked:
             if cell.source != spec.locked[grade_id]:
                 program.notes.append(f"read-only cell '{grade_id}' was edited: the course's version was run")
-            program.cells.append((label, spec.locked[grade_id]))
+            program.cells.append(ProgramCell(label, spec.locked[grade_id], grade_id))
             continue
-        program.cells.append((label, cell.source))
+        program.cells.append(ProgramCell(label, cell.source, grade_id))
     for grade_id in spec.solution_ids:
         if grade_id not in seen:
             program.notes.append(f"solution cell '{grade_id}' is missing (deleted, or its metadata was "
@@ -62,7 +69,7 @@ def build_program(spec: LabSpec, nb) -> Program:
     missing_locked = [g for g in spec.locked if g not in test_ids and g not in seen]
     for grade_id in missing_locked:
         program.notes.append(f"read-only cell '{grade_id}' was deleted: the course's version was run first")
-    program.cells[:0] = [(grade_id, spec.locked[grade_id]) for grade_id in missing_locked]
+    program.cells[:0] = [ProgramCell(g, spec.locked[g], g) for g in missing_locked]
     for grade_id in sorted(test_ids - set(seen)):
         program.notes.append(f"test cell '{grade_id}' was deleted or altered: the course's copy was run")
     return program

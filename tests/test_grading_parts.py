@@ -130,12 +130,12 @@ def test_structure_repair_runs_solutions_once_and_never_runs_tests():
     released = nbformat.read(B01.release_path(ROOT), as_version=4)
     program = build_program(spec, released)
     assert program.notes == []
-    sources = [s for _, s in program.cells]
+    sources = [cell.source for cell in program.cells]
     assert not any("### BEGIN HIDDEN TESTS" in s or "check_close(" in s for s in sources)
     assert not any("skip-grading" in c.metadata.get("tags", []) and c.source in sources for c in released.cells)
     nb = copy.deepcopy(released)
     test_cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_mha")
     test_cell.metadata = {}  # stripped test cell: recognised by its content, not run
     program = build_program(spec, nb)
-    assert not any(s.strip() == test_cell.source.strip() for _, s in program.cells)
+    assert not any(cell.source.strip() == test_cell.source.strip() for cell in program.cells)
     assert any("looks like a test cell" in n for n in program.notes)

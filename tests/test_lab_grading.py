@@ -12,16 +12,16 @@ from autograder.reference import student_notebook, write_submission
 
 ROOT = repo_root()
 
-# lab id -> (solution grade_id, the mistaken cell's source, points it must lose, text in the message)
-MISTAKES: dict[str, tuple[str, str, float, str]] = {
-    # interleaved (GPT-J style) RoPE instead of the half-split convention HF Llama uses
+# lab id -> [(solution grade_id, the mistaken cell's source, points it must lose, text in the message)]
+MISTAKES: dict[str, list[tuple[str, str, float, str]]] = {
     # top-p that drops the token crossing the threshold (> instead of >=)
-    "b05": ("top_p", 'def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:\n    """Nucleus filtering: keep the smallest set of most likely tokens whose probabilities sum to\n    >= p (always at least the most likely one), set the other logits to -inf.\n    Raises ValueError unless 0 <= p <= 1."""\n    if not 0.0 <= p <= 1.0:\n        raise ValueError(f"top_p must be in [0, 1], got {p}")\n    if p >= 1.0:\n        return logits\n    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)\n    probs = sorted_logits.float().softmax(dim=-1)\n    drop_sorted = probs.cumsum(dim=-1) > p\n    drop_sorted[..., 0] = False\n    drop = drop_sorted.scatter(-1, order, drop_sorted)\n    return logits.masked_fill(drop, float("-inf"))\n', 2, "the token that crosses p"),
+    "b05": [("top_p", 'def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:\n    """Nucleus filtering: keep the smallest set of most likely tokens whose probabilities sum to\n    >= p (always at least the most likely one), set the other logits to -inf.\n    Raises ValueError unless 0 <= p <= 1."""\n    if not 0.0 <= p <= 1.0:\n        raise ValueError(f"top_p must be in [0, 1], got {p}")\n    if p >= 1.0:\n        return logits\n    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)\n    probs = sorted_logits.float().softmax(dim=-1)\n    drop_sorted = probs.cumsum(dim=-1) > p\n    drop_sorted[..., 0] = False\n    drop = drop_sorted.scatter(-1, order, drop_sorted)\n    return logits.masked_fill(drop, float("-inf"))\n', 2, "the token that crosses p")],
     # BPE merges learned over the whole text, across pre-token (word) boundaries
-    "b03": ("train_bpe", 'def train_bpe(text: str, vocab_size: int) -> list[tuple[int, int]]:\n    """Merges [(a, b), ...] learned from text (merge k creates id 256 + k), at most vocab_size - 256."""\n    words, freqs = [list(text.encode("utf-8"))], [1]\n    merges = []\n    while 256 + len(merges) < vocab_size:\n        counts = get_pair_counts(words, freqs)\n        if not counts:\n            break\n        a, b, _ = min(counts, key=lambda t: (-t[2], t[0], t[1]))\n        merges.append((a, b))\n        words = [merge_word(w, (a, b), 256 + len(merges) - 1) for w in words]\n    return merges\n', 3, "merges never cross a pre-token boundary"),
+    "b03": [("train_bpe", 'def train_bpe(text: str, vocab_size: int) -> list[tuple[int, int]]:\n    """Merges [(a, b), ...] learned from text (merge k creates id 256 + k), at most vocab_size - 256."""\n    words, freqs = [list(text.encode("utf-8"))], [1]\n    merges = []\n    while 256 + len(merges) < vocab_size:\n        counts = get_pair_counts(words, freqs)\n        if not counts:\n            break\n        a, b, _ = min(counts, key=lambda t: (-t[2], t[0], t[1]))\n        merges.append((a, b))\n        words = [merge_word(w, (a, b), 256 + len(merges) - 1) for w in words]\n    return merges\n', 3, "merges never cross a pre-token boundary")],
     # L2 regularisation (decay added to the gradient) instead of AdamW's decoupled weight decay
-    "b04": ("adamw_class", '\nclass AdamW(torch.optim.Optimizer):\n    """Adam with L2 regularisation: weight decay added to the gradient (not decoupled)."""\n\n    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):\n        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))\n\n    @torch.no_grad()\n    def step(self, closure=None):\n        for group in self.param_groups:\n            beta1, beta2 = group["betas"]\n            for p in group["params"]:\n                if p.grad is None:\n                    continue\n                state = self.state[p]\n                if not state:\n                    state["step"] = 0\n                    state["exp_avg"] = torch.zeros_like(p)\n                    state["exp_avg_sq"] = torch.zeros_like(p)\n                state["step"] += 1\n                grad = p.grad + group["weight_decay"] * p\n                new_p, m, v = adamw_update(p, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],\n                                           group["lr"], beta1, beta2, group["eps"], 0.0)\n                p.copy_(new_p)\n                state["exp_avg"].copy_(m)\n                state["exp_avg_sq"].copy_(v)\n', 2, "decoupled decay"),
-    "b02": ("rope", 'def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:\n    """Rotate x (..., T, d) to its positions (T,) with half-split RoPE; same shape and dtype."""\n    d = x.size(-1)\n    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device).float() / d)\n    angles = positions.to(x.device).float()[:, None] * inv_freq[None, :]\n    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n    x1, x2 = x[..., 0::2], x[..., 1::2]\n    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)\n', 2, "apply_rope(x, positions=0..4): max |difference|"),
+    "b04": [("adamw_class", '\nclass AdamW(torch.optim.Optimizer):\n    """Adam with L2 regularisation: weight decay added to the gradient (not decoupled)."""\n\n    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):\n        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))\n\n    @torch.no_grad()\n    def step(self, closure=None):\n        for group in self.param_groups:\n            beta1, beta2 = group["betas"]\n            for p in group["params"]:\n                if p.grad is None:\n                    continue\n                state = self.state[p]\n                if not state:\n                    state["step"] = 0\n                    state["exp_avg"] = torch.zeros_like(p)\n                    state["exp_avg_sq"] = torch.zeros_like(p)\n                state["step"] += 1\n                grad = p.grad + group["weight_decay"] * p\n                new_p, m, v = adamw_update(p, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],\n                                           group["lr"], beta1, beta2, group["eps"], 0.0)\n                p.copy_(new_p)\n                state["exp_avg"].copy_(m)\n                state["exp_avg_sq"].copy_(v)\n', 2, "decoupled decay")],
+    # interleaved (GPT-J style) RoPE instead of the half-split convention HF Llama uses
+    "b02": [("rope", 'def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:\n    """Rotate x (..., T, d) to its positions (T,) with half-split RoPE; same shape and dtype."""\n    d = x.size(-1)\n    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device).float() / d)\n    angles = positions.to(x.device).float()[:, None] * inv_freq[None, :]\n    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n    x1, x2 = x[..., 0::2], x[..., 1::2]\n    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)\n', 2, "apply_rope(x, positions=0..4): max |difference|")],
 }
 
 LABS = [lab for lab in Catalog.load().ready() if lab.id in MISTAKES]
@@ -32,10 +32,10 @@ def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("labs")
     subs = tmp / "submissions"
     for lab in LABS:
-        grade_id, source, _, _ = MISTAKES[lab.id]
         write_submission(subs, f"ref_{lab.id}", lab.id, student_notebook(lab.id))
         write_submission(subs, f"blank_{lab.id}", lab.id, student_notebook(lab.id, solve=False))
-        write_submission(subs, f"mistake_{lab.id}", lab.id, student_notebook(lab.id, {grade_id: source}))
+        for i, (grade_id, source, _, _) in enumerate(MISTAKES[lab.id]):
+            write_submission(subs, f"mistake{i}_{lab.id}", lab.id, student_notebook(lab.id, {grade_id: source}))
     out = tmp / "ws"
     rows = grade(subs, Catalog.load(), ROOT, out, None, GradeOptions(jobs=2))
     return out, {(r.student, r.lab): r for r in rows}
@@ -53,9 +53,10 @@ def test_reference_full_blank_zero_mistake_partial(graded, lab):
     spec = LabSpec.from_notebook(lab.source_path(ROOT))
     assert rows[(f"ref_{lab.id}", lab.id)].score == spec.max_score > 0, rows[(f"ref_{lab.id}", lab.id)]
     assert rows[(f"blank_{lab.id}", lab.id)].score == 0
-    grade_id, _, lost, hint = MISTAKES[lab.id]
-    mistake = rows[(f"mistake_{lab.id}", lab.id)]
-    assert mistake.score == spec.max_score - lost, mistake
-    result = json.loads((out / "results" / lab.name / f"mistake_{lab.id}.json").read_text())["result"]
-    messages = " | ".join(t["message"] for t in result["tests"] if t["message"])
-    assert hint in messages, messages
+    for i, (grade_id, _, lost, hint) in enumerate(MISTAKES[lab.id]):
+        student = f"mistake{i}_{lab.id}"
+        mistake = rows[(student, lab.id)]
+        assert mistake.score == spec.max_score - lost, (grade_id, mistake)
+        result = json.loads((out / "results" / lab.name / f"{student}.json").read_text())["result"]
+        messages = " | ".join(t["message"] for t in result["tests"] if t["message"])
+        assert hint in messages, (grade_id, messages)
