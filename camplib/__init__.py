@@ -5,7 +5,10 @@ re-deriving it: `device` (where to run, seeding), `attention` (softmax, scaled d
 multi-head attention, KV cache), `rope` (rotary position embeddings), `model` (a GPT-2 / Llama
 style decoder), `hf` (weights exchanged with Hugging Face `transformers`), `tokenizer`
 (byte-level BPE), `data` (the standard-library corpus, de-duplication, packing, sharded loading),
-`optim`, `schedule`, `checkpoint` and `trainer` (the training loop) and `generate` (sampling).
+`optim`, `schedule`, `checkpoint` and `trainer` (the training loop), `generate` (sampling),
+`amp` (loss scaling, fp32 master weights, fp16/bf16 ranges), `memory` (bytes of parameters,
+gradients, optimizer state and activations), `checkpointing` (activation checkpointing) and
+`fused` (LayerNorm+GELU through torch.compile).
 
 Importing `camplib` imports nothing heavy: submodules are loaded when first used, so
 `import camplib` stays cheap and never pulls in `transformers`.
@@ -13,7 +16,7 @@ Importing `camplib` imports nothing heavy: submodules are loaded when first used
 import importlib
 
 __all__ = ["device", "attention", "rope", "model", "hf", "tokenizer", "data", "optim", "schedule",
-           "checkpoint", "trainer", "generate"]
+           "checkpoint", "trainer", "generate", "dist", "amp", "memory", "checkpointing", "fused"]
 
 
 def __getattr__(name):

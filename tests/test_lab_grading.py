@@ -12,8 +12,47 @@ from autograder.reference import student_notebook, write_submission
 
 ROOT = repo_root()
 
+# a01: a loss scaler that backs off on inf/NaN but never grows again
+SCALER_THAT_NEVER_GROWS = '''
+class LossScaler:
+    """Loss scaling that backs off on inf/NaN but forgets to grow again."""
+
+    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+        self.scale_value = float(init_scale)
+        self.backoff_factor = backoff_factor
+        self.found_inf, self.unscaled = False, False
+
+    def scale(self, loss):
+        return loss * self.scale_value
+
+    @torch.no_grad()
+    def unscale_(self, optimizer):
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    if not torch.isfinite(p.grad).all():
+                        self.found_inf = True
+                    p.grad.mul_(1.0 / self.scale_value)
+        self.unscaled = True
+
+    def step(self, optimizer):
+        if not self.unscaled:
+            self.unscale_(optimizer)
+        if not self.found_inf:
+            optimizer.step()
+
+    def update(self):
+        if self.found_inf:
+            self.scale_value *= self.backoff_factor
+        self.found_inf, self.unscaled = False, False
+
+    def get_scale(self):
+        return float(self.scale_value)
+'''
+
 # lab id -> [(solution grade_id, the mistaken cell's source, points it must lose, text in the message)]
 MISTAKES: dict[str, list[tuple[str, str, float, str]]] = {
+    "a01": [("loss_scaler", SCALER_THAT_NEVER_GROWS, 3, "get_scale() after update() of step 2 (clean)")],
     # top-p that drops the token crossing the threshold (> instead of >=)
     "b05": [("top_p", 'def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:\n    """Nucleus filtering: keep the smallest set of most likely tokens whose probabilities sum to\n    >= p (always at least the most likely one), set the other logits to -inf.\n    Raises ValueError unless 0 <= p <= 1."""\n    if not 0.0 <= p <= 1.0:\n        raise ValueError(f"top_p must be in [0, 1], got {p}")\n    if p >= 1.0:\n        return logits\n    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)\n    probs = sorted_logits.float().softmax(dim=-1)\n    drop_sorted = probs.cumsum(dim=-1) > p\n    drop_sorted[..., 0] = False\n    drop = drop_sorted.scatter(-1, order, drop_sorted)\n    return logits.masked_fill(drop, float("-inf"))\n', 2, "the token that crosses p")],
     # BPE merges learned over the whole text, across pre-token (word) boundaries
