@@ -7,8 +7,9 @@ style decoder), `hf` (weights exchanged with Hugging Face `transformers`), `toke
 (byte-level BPE), `data` (the standard-library corpus, de-duplication, packing, sharded loading),
 `optim`, `schedule`, `checkpoint` and `trainer` (the training loop), `generate` (sampling),
 `amp` (loss scaling, fp32 master weights, fp16/bf16 ranges), `memory` (bytes of parameters,
-gradients, optimizer state and activations), `checkpointing` (activation checkpointing) and
-`fused` (LayerNorm+GELU through torch.compile).
+gradients, optimizer state and activations), `checkpointing` (activation checkpointing),
+`fused` (LayerNorm+GELU through torch.compile) and `parallel` (training on many ranks: data
+parallelism with bucketed all-reduce launched from autograd hooks).
 
 Importing `camplib` imports nothing heavy: submodules are loaded when first used, so
 `import camplib` stays cheap and never pulls in `transformers`.
@@ -16,7 +17,7 @@ Importing `camplib` imports nothing heavy: submodules are loaded when first used
 import importlib
 
 __all__ = ["device", "attention", "rope", "model", "hf", "tokenizer", "data", "optim", "schedule",
-           "checkpoint", "trainer", "generate", "dist", "amp", "memory", "checkpointing", "fused"]
+           "checkpoint", "trainer", "generate", "dist", "amp", "memory", "checkpointing", "fused", "parallel"]
 
 
 def __getattr__(name):

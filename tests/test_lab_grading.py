@@ -8,7 +8,7 @@ import pytest
 from autograder.catalog import Catalog, repo_root
 from autograder.grade import GradeOptions, grade
 from autograder.labspec import LabSpec
-from autograder.reference import student_notebook, write_submission
+from autograder.reference import solution_cells, student_notebook, write_submission
 
 ROOT = repo_root()
 
@@ -50,8 +50,18 @@ class LossScaler:
         return float(self.scale_value)
 '''
 
-# lab id -> [(solution grade_id, the mistaken cell's source, points it must lose, text in the message)]
+# lab id -> [(solution grade_id, the mistaken cell's source (or a function making it from the reference
+# solution), points it must lose, text in the message)]
 MISTAKES: dict[str, list[tuple[str, str, float, str]]] = {
+    "b06": [
+        # averaging twice: the bucket is divided by N before the all-reduce and again after it
+        ("data_parallel", lambda: solution_cells("b06")["data_parallel"].replace(
+            "flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])",
+            "flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]]) / self.world_size"), 3, "averaged twice?"),
+        # every rank keeps its own random initial weights
+        ("data_parallel", lambda: solution_cells("b06")["data_parallel"].replace(
+            "        broadcast_parameters(module)\n", ""), 3, "did you broadcast them?"),
+    ],
     "a01": [("loss_scaler", SCALER_THAT_NEVER_GROWS, 3, "get_scale() after update() of step 2 (clean)")],
     # top-p that drops the token crossing the threshold (> instead of >=)
     "b05": [("top_p", 'def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:\n    """Nucleus filtering: keep the smallest set of most likely tokens whose probabilities sum to\n    >= p (always at least the most likely one), set the other logits to -inf.\n    Raises ValueError unless 0 <= p <= 1."""\n    if not 0.0 <= p <= 1.0:\n        raise ValueError(f"top_p must be in [0, 1], got {p}")\n    if p >= 1.0:\n        return logits\n    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)\n    probs = sorted_logits.float().softmax(dim=-1)\n    drop_sorted = probs.cumsum(dim=-1) > p\n    drop_sorted[..., 0] = False\n    drop = drop_sorted.scatter(-1, order, drop_sorted)\n    return logits.masked_fill(drop, float("-inf"))\n', 2, "the token that crosses p")],
@@ -74,6 +84,8 @@ def graded(tmp_path_factory):
         write_submission(subs, f"ref_{lab.id}", lab.id, student_notebook(lab.id))
         write_submission(subs, f"blank_{lab.id}", lab.id, student_notebook(lab.id, solve=False))
         for i, (grade_id, source, _, _) in enumerate(MISTAKES[lab.id]):
+            source = source() if callable(source) else source   # an edit of the reference solution
+            assert source != solution_cells(lab.id)[grade_id], f"{lab.id} mistake {i} changes nothing"
             write_submission(subs, f"mistake{i}_{lab.id}", lab.id, student_notebook(lab.id, {grade_id: source}))
     out = tmp / "ws"
     rows = grade(subs, Catalog.load(), ROOT, out, None, GradeOptions(jobs=2))
