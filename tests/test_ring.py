@@ -71,3 +71,17 @@ def _single(rank, world_size):
 def test_one_rank_is_the_identity():
     (t, n), = launch(_single, 1)
     assert n == 1 and torch.equal(t, torch.ones(3))
+
+
+def _count_twice_then_all_reduce(rank, world_size):
+    for _ in range(2):
+        with count_bytes() as c:
+            dist.all_reduce(torch.ones(2))
+        assert c.calls["allreduce"] == 1
+    t = torch.ones(2)
+    dist.all_reduce(t)                      # the real methods are back after counting
+    return t
+
+
+def test_counting_restores_torch_distributed():
+    assert [t.tolist() for t in launch(_count_twice_then_all_reduce, 2)] == [[2.0, 2.0]] * 2

@@ -44,9 +44,13 @@ def _nbytes(x) -> int:
 @contextlib.contextmanager
 def count_bytes():
     counter = CommCounter()
-    originals = {n: getattr(ProcessGroup, n) for n in POINT_TO_POINT + COLLECTIVES if hasattr(ProcessGroup, n)}
+    # the class's own descriptors (not getattr's bound-less builtins), so that putting them back
+    # restores exactly what was there
+    originals = {n: ProcessGroup.__dict__[n] for n in POINT_TO_POINT + COLLECTIVES if n in ProcessGroup.__dict__}
 
-    def wrap(name, method):
+    def wrap(name, descriptor):
+        method = descriptor.__get__(None, ProcessGroup) if hasattr(descriptor, "__get__") else descriptor
+
         def counted(self, *args, **kwargs):
             counter.calls[name] += 1
             first = args[0] if args else None

@@ -3,7 +3,7 @@
 `launch(fn, world_size, *args)` returns `[fn(0, N, *args), ..., fn(N-1, N, *args)]`.
 
 - Locally it forks N processes (fork, not spawn, so functions defined in a notebook work) that
-  rendezvous on a TCP store this process hosts on a free port: two runs at once never collide.
+  rendezvous on a TCP store rank 0 serves on a port the OS picked: two runs never collide.
 - Under `torchrun` (RANK/WORLD_SIZE in the environment) it runs `fn` in this process with the
   ranks torchrun gave and all-gathers the return values, so the same script scales to many
   machines unchanged.
@@ -17,6 +17,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -109,25 +110,30 @@ def _run_under_torchrun(fn, world_size, args, backend, timeout):
 
 # -- locally: fork N ranks ------------------------------------------------------------------
 def _run_forked(fn, world_size, args, backend, timeout, run_timeout):
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout))
+    # The rendezvous socket is bound here, on a port the OS picks, and rank 0 serves the TCP store
+    # on it after the fork: no port race with other runs, and no store thread in this process
+    # (a thread that holds a lock while we fork can leave a rank hung before it ever starts).
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
     ctx = mp.get_context("fork")
     procs, conns = [], []
     try:
         for rank in range(world_size):
             parent_end, child_end = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_rank_main, daemon=True, name=f"camplib-rank-{rank}",
-                            args=(fn, rank, world_size, args, backend, store.port, timeout, child_end, os.getpid()))
+                            args=(fn, rank, world_size, args, backend, listener, timeout, child_end, os.getpid()))
             p.start()
             child_end.close()
             procs.append(p)
             conns.append(parent_end)
+        listener.close()
         return _collect(procs, conns, run_timeout)
     finally:
+        listener.close()
         _end_all(procs)
         for c in conns:
             c.close()
-        del store
 
 
 def _collect(procs, conns, run_timeout):
@@ -221,12 +227,13 @@ def _die_with_parent(parent: int) -> None:
             os._exit(1)
 
 
-def _rank_main(fn, rank, world_size, args, backend, port, timeout, conn, parent) -> None:
+def _rank_main(fn, rank, world_size, args, backend, listener, timeout, conn, parent) -> None:
     code = 0
     try:
         _die_with_parent(parent)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the notebook ends ranks via the parent
         sys.stdout, sys.stderr = _RankStream(conn, rank, "out"), _RankStream(conn, rank, "err")
+        port = listener.getsockname()[1]
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                           LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         if sys.platform.startswith("linux") and os.path.exists("/sys/class/net/lo"):
@@ -234,8 +241,11 @@ def _rank_main(fn, rank, world_size, args, backend, port, timeout, conn, parent)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, wait_for_workers=False,
+                              master_listen_fd=listener.fileno() if rank == 0 else None,
                               timeout=timedelta(seconds=timeout))
+        if rank != 0:
+            listener.close()
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout))
         value = fn(rank, world_size, *args)
