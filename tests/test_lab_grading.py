@@ -50,6 +50,70 @@ class LossScaler:
         return float(self.scale_value)
 '''
 
+# a02: ZeRO-1 that all-gathers the shards before the optimizer step: the update never reaches the model
+ZERO1_GATHER_BEFORE_STEP = '''class Zero1AdamW:
+    """ZeRO stage 1 that all-gathers the parameters BEFORE the optimizer step (the update is lost)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        self.params = [p for p in params if p.requires_grad]
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        numel = sum(p.numel() for p in self.params)
+        self.shard_size = -(-numel // self.world_size)
+        flat = self._flatten([p.detach() for p in self.params])
+        lo = self.rank * self.shard_size
+        self.shard = nn.Parameter(flat[lo:lo + self.shard_size].clone().float())
+        self.optimizer = torch.optim.AdamW([self.shard], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    def _flatten(self, tensors):
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        return torch.cat([flat, flat.new_zeros(self.shard_size * self.world_size - flat.numel())])
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        grads = self._flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
+        grad_shard = grads.new_empty(self.shard_size)
+        dist.reduce_scatter_tensor(grad_shard, grads)
+        self.shard.grad = (grad_shard / self.world_size).float()
+        full = self.shard.new_empty(self.shard_size * self.world_size)
+        dist.all_gather_into_tensor(full, self.shard.detach())
+        offset = 0
+        for p in self.params:
+            p.copy_(full[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.optimizer.step()
+'''
+
+# a02: every rank steps AdamW on all the parameters: the right numbers, and no memory saved
+ZERO1_UNSHARDED = '''
+class Zero1AdamW:
+    """Every rank steps AdamW on all the parameters: right numbers, nothing sharded."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        self.params = [p for p in params if p.requires_grad]
+        self.world_size = dist.get_world_size()
+        self.master = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in self.params]).float())
+        self.optimizer = torch.optim.AdamW([self.master], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
+        dist.all_reduce(grads)
+        self.master.grad = (grads / self.world_size).float()
+        self.optimizer.step()
+        offset = 0
+        for p in self.params:
+            p.copy_(self.master[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+'''
+
 # lab id -> [(solution grade_id, the mistaken cell's source (or a function making it from the reference
 # solution), points it must lose, text in the message)]
 MISTAKES: dict[str, list[tuple[str, str, float, str]]] = {
@@ -62,6 +126,8 @@ MISTAKES: dict[str, list[tuple[str, str, float, str]]] = {
         ("data_parallel", lambda: solution_cells("b06")["data_parallel"].replace(
             "        broadcast_parameters(module)\n", ""), 3, "did you broadcast them?"),
     ],
+    "a02": [("zero1", ZERO1_GATHER_BEFORE_STEP, 3, "All-gather the shards AFTER the optimizer step"),
+            ("zero1", ZERO1_UNSHARDED, 3, "Shard the optimizer state")],
     "a01": [("loss_scaler", SCALER_THAT_NEVER_GROWS, 3, "get_scale() after update() of step 2 (clean)")],
     # top-p that drops the token crossing the threshold (> instead of >=)
     "b05": [("top_p", 'def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:\n    """Nucleus filtering: keep the smallest set of most likely tokens whose probabilities sum to\n    >= p (always at least the most likely one), set the other logits to -inf.\n    Raises ValueError unless 0 <= p <= 1."""\n    if not 0.0 <= p <= 1.0:\n        raise ValueError(f"top_p must be in [0, 1], got {p}")\n    if p >= 1.0:\n        return logits\n    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)\n    probs = sorted_logits.float().softmax(dim=-1)\n    drop_sorted = probs.cumsum(dim=-1) > p\n    drop_sorted[..., 0] = False\n    drop = drop_sorted.scatter(-1, order, drop_sorted)\n    return logits.masked_fill(drop, float("-inf"))\n', 2, "the token that crosses p")],
