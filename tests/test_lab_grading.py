@@ -114,6 +114,33 @@ class Zero1AdamW:
             offset += p.numel()
 '''
 
+# a01: a "checkpoint" that keeps the whole graph of the block for backward: right gradients, no memory saved
+CHECKPOINT_KEEPING_THE_GRAPH = '''
+class Checkpoint(torch.autograd.Function):
+    """Runs fn with autograd on in forward and keeps its graph for backward."""
+
+    @staticmethod
+    def forward(ctx, fn, *inputs):
+        ctx.inputs = [t.detach().requires_grad_(True) for t in inputs]
+        with torch.enable_grad():
+            ctx.output = fn(*ctx.inputs)
+        return ctx.output.detach()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        torch.autograd.backward(ctx.output, grad_output)
+        return (None, *(t.grad for t in ctx.inputs))
+
+
+class CheckpointedModule(nn.Module):
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *inputs, **kwargs):
+        return Checkpoint.apply(functools.partial(self.module, **kwargs), *inputs)
+'''
+
 # lab id -> [(solution grade_id, the mistaken cell's source (or a function making it from the reference
 # solution), points it must lose, text in the message)]
 MISTAKES: dict[str, list[tuple[str, str, float, str]]] = {
@@ -128,7 +155,8 @@ MISTAKES: dict[str, list[tuple[str, str, float, str]]] = {
     ],
     "a02": [("zero1", ZERO1_GATHER_BEFORE_STEP, 3, "All-gather the shards AFTER the optimizer step"),
             ("zero1", ZERO1_UNSHARDED, 3, "Shard the optimizer state")],
-    "a01": [("loss_scaler", SCALER_THAT_NEVER_GROWS, 3, "get_scale() after update() of step 2 (clean)")],
+    "a01": [("loss_scaler", SCALER_THAT_NEVER_GROWS, 3, "get_scale() after update() of step 2 (clean)"),
+            ("checkpoint", CHECKPOINT_KEEPING_THE_GRAPH, 3, "a checkpoint keeps only its inputs")],
     # top-p that drops the token crossing the threshold (> instead of >=)
     "b05": [("top_p", 'def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:\n    """Nucleus filtering: keep the smallest set of most likely tokens whose probabilities sum to\n    >= p (always at least the most likely one), set the other logits to -inf.\n    Raises ValueError unless 0 <= p <= 1."""\n    if not 0.0 <= p <= 1.0:\n        raise ValueError(f"top_p must be in [0, 1], got {p}")\n    if p >= 1.0:\n        return logits\n    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)\n    probs = sorted_logits.float().softmax(dim=-1)\n    drop_sorted = probs.cumsum(dim=-1) > p\n    drop_sorted[..., 0] = False\n    drop = drop_sorted.scatter(-1, order, drop_sorted)\n    return logits.masked_fill(drop, float("-inf"))\n', 2, "the token that crosses p")],
     # BPE merges learned over the whole text, across pre-token (word) boundaries
