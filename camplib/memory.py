@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["MemoryReport", "storage_bytes", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes",
+__all__ = ["MemoryReport", "storage_key", "storage_bytes", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes",
            "saved_activation_bytes", "measure_memory", "adam_memory_estimate", "dtype_bytes"]
 
 
@@ -44,7 +44,8 @@ def dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+def storage_key(t: torch.Tensor) -> tuple[str, int]:
+    """What identifies the memory behind `t`: views and tied weights share it."""
     return (str(t.device), t.untyped_storage().data_ptr())
 
 
@@ -56,7 +57,7 @@ def storage_bytes(tensors: Iterable[torch.Tensor], exclude: set[tuple[str, int]]
     for t in tensors:
         if t is None or t.device.type == "meta":
             continue
-        key = _storage_key(t)
+        key = storage_key(t)
         if key not in seen:
             seen.add(key)
             total += t.untyped_storage().nbytes()
@@ -94,11 +95,11 @@ def saved_activation_bytes(fn: Callable[..., Any], *args, exclude: Iterable[torc
     backward, leaving out those that existed before (the tensors in `exclude`, typically the
     parameters, and the arguments). Keep `output` alive while you look at memory: dropping it
     frees the graph and the activations with it."""
-    existing = {_storage_key(t) for t in list(exclude) + [a for a in args if isinstance(a, torch.Tensor)]}
+    existing = {storage_key(t) for t in list(exclude) + [a for a in args if isinstance(a, torch.Tensor)]}
     saved: dict[tuple[str, int], int] = {}
 
     def pack(t: torch.Tensor):
-        key = _storage_key(t)
+        key = storage_key(t)
         if key not in existing and t.device.type != "meta":
             saved[key] = t.untyped_storage().nbytes()
         return t

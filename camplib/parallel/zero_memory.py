@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from camplib.memory import storage_bytes, storage_key
+
 __all__ = ["PRECISIONS", "zero_memory_formula", "zero_memory_held"]
 
 # name -> (bytes per parameter, per gradient, of optimizer state K)
@@ -44,22 +46,11 @@ def zero_memory_formula(n_params: int, world_size: int, stage: int, param_bytes:
     return out
 
 
-def _key(t: torch.Tensor) -> tuple[str, int]:
-    return (str(t.device), t.untyped_storage().data_ptr())
-
-
 def _count(tensors, seen: set) -> int:
-    total = 0
-    for t in tensors:
-        if t is None:
-            continue
-        nbytes = t.untyped_storage().nbytes()
-        if nbytes == 0:                         # a freed stage-3 buffer holds nothing
-            continue
-        key = _key(t)
-        if key not in seen:
-            seen.add(key)
-            total += nbytes
+    """Bytes of the storages behind `tensors` not counted yet (in `seen`, which this extends)."""
+    live = [t for t in tensors if t is not None and t.untyped_storage().nbytes() > 0]  # freed stage-3 buffers hold nothing
+    total = storage_bytes(live, exclude=seen)
+    seen.update(storage_key(t) for t in live)
     return total
 
 

@@ -20,6 +20,7 @@ from torch import nn
 from camplib.dist.counting import count_bytes
 from camplib.dist.launch import launch
 from camplib.dist.ring import RingCollectives, TorchCollectives
+from camplib.memory import storage_bytes, storage_key
 
 __all__ = ["build_model", "batch_loss", "make_data", "reference_adamw_run", "train_zero_on_ranks",
            "train_optimizer_on_ranks", "gradient_shards_on_ranks", "tensor_bytes", "reachable_tensor_bytes",
@@ -78,23 +79,15 @@ def reference_adamw_run(model_spec: dict, data: dict, steps: int, hyper: dict) -
 
 
 def tensor_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind `tensors` (None and freed ones skipped)."""
-    seen, total = set(), 0
-    for t in tensors:
-        if t is None or t.untyped_storage().nbytes() == 0:
-            continue
-        key = (str(t.device), t.untyped_storage().data_ptr())
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
+    """Bytes of the distinct storages behind `tensors` (None and freed ones hold nothing)."""
+    return storage_bytes(t for t in tensors if t is not None)
 
 
 def reachable_tensor_bytes(obj, exclude=(), max_depth: int = 8) -> int:
     """Bytes of the distinct tensor storages reachable from `obj` (through attributes, dicts,
     lists, tuples and sets), skipping the storages of the tensors in `exclude`: what an optimizer
     object holds besides the model's own parameters and gradients, however it stores it."""
-    skip = {(str(t.device), t.untyped_storage().data_ptr()) for t in exclude if t is not None}
+    skip = {storage_key(t) for t in exclude if t is not None}
     found, visited = [], set()
 
     def walk(x, depth):
@@ -102,7 +95,7 @@ def reachable_tensor_bytes(obj, exclude=(), max_depth: int = 8) -> int:
             return
         visited.add(id(x))
         if isinstance(x, torch.Tensor):
-            if (str(x.device), x.untyped_storage().data_ptr()) not in skip:
+            if storage_key(x) not in skip:
                 found.append(x)
             return
         if isinstance(x, dict):
