@@ -15,7 +15,7 @@ from camplib.parallel.data_parallel import DataParallel, build_model, make_bucke
 
 ATOL, RTOL = 1e-6, 0.0
 MLP = {"kind": "mlp", "sizes": [8, 32, 32, 4]}
-GPT_TINY = {"kind": "gpt", "vocab_size": 32, "n_layer": 1, "n_head": 2, "d_model": 16, "max_seq_len": 16}
+GPT_TINY = {"kind": "gpt", "config": {"vocab_size": 32, "n_layer": 1, "n_head": 2, "d_model": 16, "max_seq_len": 16}}
 
 
 def mlp_batch(rows=16, seed=0):

@@ -3,8 +3,9 @@
 - `data_parallel`: `DataParallel` (broadcast rank 0's weights, all-reduce gradients in buckets
   launched from autograd hooks as they become ready, average once), its timeline of compute vs
   communication, and `train_on_ranks` (train on N ranks, compare with one process).
-- `train_ranks`: the model builders and the single-process reference behind `train_on_ranks`,
-  and `run_on_module` (call a function on every rank's own model: a broadcast, say).
+- `model_specs`: models described by plain dicts (MLP, GPT), rebuilt identically on every rank.
+- `train_ranks`: the single-process reference behind `train_on_ranks`, and `run_on_module`
+  (call a function on every rank's own model: a broadcast, say).
 - `zero`, `zero_memory`, `zero_run`: ZeRO stages 1-3 (lab a02).
 - `compression`: fp16/int8 quantized ring all-reduce, top-k with error feedback (lab a02).
 

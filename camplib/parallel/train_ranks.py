@@ -11,41 +11,11 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .model_specs import batch_loss, build_model
+
 __all__ = ["build_model", "train_reference", "train_on_ranks", "run_on_module"]
-
-
-def build_model(cfg: dict, seed: int) -> nn.Module:
-    """A model from plain data, initialised from `seed` (the caller's RNG state is left alone).
-
-    {"kind": "mlp", "sizes": [8, 32, 32, 4]}: Linear-Tanh stack, trained with the MSE loss
-    ("batchnorm": True adds BatchNorm1d after each hidden Linear: a model with buffers);
-    {"kind": "gpt", **GPTConfig fields}: camplib.model.GPT, trained with its own loss (x, y ids).
-    """
-    cfg = dict(cfg)
-    kind = cfg.pop("kind", "mlp")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        if kind == "mlp":
-            sizes = cfg["sizes"]
-            layers: list[nn.Module] = []
-            for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-                hidden = i < len(sizes) - 2
-                layers += [nn.Linear(a, b)] + ([nn.BatchNorm1d(b)] if hidden and cfg.get("batchnorm") else [])
-                layers += [nn.Tanh()] if hidden else []
-            return nn.Sequential(*layers)
-        if kind == "gpt":
-            from camplib.model import GPT, GPTConfig
-            return GPT(GPTConfig(**cfg))
-    raise ValueError(f"unknown model kind {kind!r} (expected 'mlp' or 'gpt')")
-
-
-def _loss(model: nn.Module, cfg: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if cfg.get("kind", "mlp") == "gpt":
-        return model(x, y)[1]
-    return F.mse_loss(model(x), y)
 
 
 def _optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
@@ -71,7 +41,7 @@ def train_reference(model_cfg: dict, x: torch.Tensor, y: torch.Tensor, steps: in
     losses = []
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        loss = _loss(model, model_cfg, x, y)
+        loss = batch_loss(model, model_cfg, x, y)
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -109,7 +79,7 @@ def _train_rank(rank: int, world_size: int, wrapper, model_cfg: dict, x: torch.T
                 last = i == micro_batches - 1
                 context = wrapped.no_sync() if not last and hasattr(wrapped, "no_sync") else contextlib.nullcontext()
                 with context:
-                    loss = _loss(wrapped, model_cfg, xm, ym) / micro_batches
+                    loss = batch_loss(wrapped, model_cfg, xm, ym) / micro_batches
                     loss.backward()
                 total += loss.item()
             if hasattr(wrapped, "finish_gradient_sync"):

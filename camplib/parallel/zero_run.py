@@ -1,9 +1,8 @@
 """Run ZeRO training on N ranks and bring back plain data: final parameters, losses, bytes
 held and bytes sent. What the tests, the benchmark and lab a02's graded cells use.
 
-Models are built inside each rank from a plain spec, so only dicts and tensors cross processes:
-    {"kind": "mlp", "sizes": [16, 64, 64, 8], "seed": 0}            # Linear-GELU-...-Linear, MSE
-    {"kind": "gpt", "config": {GPTConfig kwargs}, "seed": 0}          # camplib.model.GPT
+Models are built inside each rank from a plain spec (camplib.parallel.model_specs), so only
+dicts and tensors cross processes.
 Data is {"x": (steps, B, ...), "y": (steps, B, ...)}: step s uses the batch x[s], y[s]; rank r
 trains on rows chunk(N)[r] (B divisible by N), so the averaged gradient is the full batch's.
 The ranks' models live on the CPU and talk over gloo (one GPU cannot host several NCCL ranks).
@@ -15,43 +14,17 @@ from collections import Counter
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from camplib.dist.counting import count_bytes
 from camplib.dist.launch import launch
 from camplib.dist.ring import RingCollectives, TorchCollectives
 from camplib.memory import storage_bytes, storage_key
 
+from .model_specs import batch_loss, build_model
+
 __all__ = ["build_model", "batch_loss", "make_data", "reference_adamw_run", "train_zero_on_ranks",
            "train_optimizer_on_ranks", "gradient_shards_on_ranks", "tensor_bytes", "reachable_tensor_bytes",
            "quiet_rank"]
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def build_model(spec: dict) -> nn.Module:
-    """The model a spec describes, with the spec's seed: the same weights in every process."""
-    torch.manual_seed(spec.get("seed", 0))
-    if spec["kind"] == "mlp":
-        sizes, layers = spec["sizes"], []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-            layers.append(nn.Linear(a, b))
-            if i < len(sizes) - 2:
-                layers.append(nn.GELU())
-        model = nn.Sequential(*layers)
-    elif spec["kind"] == "gpt":
-        from camplib.model import GPT, GPTConfig
-        model = GPT(GPTConfig(**spec["config"]))
-    else:
-        raise ValueError(f"unknown model kind {spec['kind']!r} (expected 'mlp' or 'gpt')")
-    return model.to(DTYPES[spec.get("dtype", "float32")])
-
-
-def batch_loss(model: nn.Module, spec: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if spec["kind"] == "mlp":
-        return nn.functional.mse_loss(model(x.to(next(model.parameters()).dtype)).float(), y.float())
-    return model(x, y)[1]
-
 
 def make_data(spec: dict, steps: int, batch: int, seed: int = 0, seq_len: int = 16) -> dict:
     """Random batches for `spec`: regression targets for an MLP, random tokens for a GPT."""
