@@ -16,27 +16,29 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "TorchCollectives",
+__all__ = ["ring_neighbours", "exchange", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "TorchCollectives",
            "RingCollectives"]
 
 
-def _ring(group):
+def ring_neighbours(group=None) -> tuple[int, int, int, int]:
+    """(rank, N, right, left): this rank in `group`, and the global ranks it sends to and hears from."""
     rank, n = dist.get_rank(group), dist.get_world_size(group)
     to_global = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
     return rank, n, to_global((rank + 1) % n), to_global((rank - 1) % n)
 
 
-def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int, group) -> None:
-    """Send to the right neighbour while receiving from the left one (no deadlock: both posted)."""
-    ops = [dist.P2POp(dist.isend, send.contiguous(), right, group),
-           dist.P2POp(dist.irecv, recv, left, group)]
+def exchange(send: list[torch.Tensor], recv: list[torch.Tensor], right: int, left: int, group=None) -> None:
+    """Send tensors to the right neighbour while receiving as many into `recv` from the left one
+    (all posted before any is waited for: two blocking sends facing each other could deadlock)."""
+    ops = [dist.P2POp(dist.isend, t.contiguous(), right, group) for t in send]
+    ops += [dist.P2POp(dist.irecv, t, left, group) for t in recv]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
 
 
 def ring_reduce_scatter(flat: torch.Tensor, group=None) -> torch.Tensor:
     """Rank r returns the sum over ranks of `flat.chunk(N)[r]` (flat.numel() divisible by N)."""
-    rank, n, right, left = _ring(group)
+    rank, n, right, left = ring_neighbours(group)
     if flat.numel() % n:
         raise ValueError(f"ring_reduce_scatter: {flat.numel()} elements do not split into {n} equal chunks")
     chunks = [c.clone() for c in flat.reshape(-1).chunk(n)]
@@ -44,19 +46,19 @@ def ring_reduce_scatter(flat: torch.Tensor, group=None) -> torch.Tensor:
     for step in range(n - 1):
         # send the partial sum of chunk (rank - step - 1); receive chunk (rank - step - 2)
         send_idx, recv_idx = (rank - step - 1) % n, (rank - step - 2) % n
-        _exchange(chunks[send_idx], incoming, right, left, group)
+        exchange([chunks[send_idx]], [incoming], right, left, group)
         chunks[recv_idx] += incoming
     return chunks[rank]
 
 
 def ring_all_gather(chunk: torch.Tensor, group=None) -> torch.Tensor:
     """Concatenation, in rank order, of every rank's `chunk` (all the same size)."""
-    rank, n, right, left = _ring(group)
+    rank, n, right, left = ring_neighbours(group)
     chunks = [torch.empty_like(chunk) for _ in range(n)]
     chunks[rank] = chunk.reshape(-1).clone()
     for step in range(n - 1):
         send_idx, recv_idx = (rank - step) % n, (rank - step - 1) % n
-        _exchange(chunks[send_idx], chunks[recv_idx], right, left, group)
+        exchange([chunks[send_idx]], [chunks[recv_idx]], right, left, group)
     return torch.cat(chunks)
 
 

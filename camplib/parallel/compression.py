@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from camplib.dist.counting import count_bytes
 from camplib.dist.launch import launch
-from camplib.dist.ring import ring_all_gather
+from camplib.dist.ring import exchange, ring_all_gather, ring_neighbours
 
 __all__ = ["quantize_int8", "dequantize_int8", "compressed_all_reduce", "topk_error_feedback",
            "sparse_all_reduce", "compression_loss_curves"]
@@ -55,36 +54,31 @@ def _decode(msg: list[torch.Tensor], method: str, dtype: torch.dtype) -> torch.T
     return (dequantize_int8(*msg) if method == "int8" else msg[0]).to(dtype)
 
 
-def _exchange(send: list[torch.Tensor], right: int, left: int, group) -> list[torch.Tensor]:
-    """Send tensors to the right neighbour, receive the same shapes from the left one."""
+def _pass_on(send: list[torch.Tensor], right: int, left: int, group) -> list[torch.Tensor]:
+    """Send a message (its tensors) right; receive one of the same shapes from the left."""
     received = [torch.empty_like(t) for t in send]
-    ops = [dist.P2POp(dist.isend, t, right, group) for t in send]
-    ops += [dist.P2POp(dist.irecv, r, left, group) for r in received]
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
+    exchange(send, received, right, left, group)
     return received
 
 
 def compressed_all_reduce(tensor: torch.Tensor, method: str = "int8", block: int = 256, group=None) -> torch.Tensor:
     """In-place sum over ranks of `tensor` on a ring whose messages are compressed (`method`:
     "none", "fp16" or "int8" absmax per block). Every rank ends with the same values."""
-    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    rank, n, right, left = ring_neighbours(group)
     if n == 1:
         return tensor
-    glob = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
-    right, left = glob((rank + 1) % n), glob((rank - 1) % n)
     flat = tensor.detach().reshape(-1).float()
     pad = (-flat.numel()) % (n * block if method == "int8" else n)   # int8: whole blocks per chunk
     chunks = [c.clone() for c in torch.cat([flat, flat.new_zeros(pad)]).chunk(n)]
     for step in range(n - 1):                      # reduce-scatter, one compressed hop at a time
         send_idx, recv_idx = (rank - step - 1) % n, (rank - step - 2) % n
-        got = _exchange(_encode(chunks[send_idx], method, block), right, left, group)
+        got = _pass_on(_encode(chunks[send_idx], method, block), right, left, group)
         chunks[recv_idx] += _decode(got, method, torch.float32)
     messages: list = [None] * n
     messages[rank] = _encode(chunks[rank], method, block)
     for step in range(n - 1):                      # all-gather: forward the finished messages as they are
         send_idx, recv_idx = (rank - step) % n, (rank - step - 1) % n
-        messages[recv_idx] = _exchange(messages[send_idx], right, left, group)
+        messages[recv_idx] = _pass_on(messages[send_idx], right, left, group)
     full = torch.cat([_decode(m, method, torch.float32) for m in messages])
     with torch.no_grad():
         tensor.copy_(full[:tensor.numel()].view_as(tensor))
@@ -117,7 +111,8 @@ def sparse_all_reduce(update: torch.Tensor, k: int, group=None) -> torch.Tensor:
 
 
 def _curves_rank(rank, world_size, methods, sizes, data, steps, lr, topk_ratio, block):
-    from .zero_run import build_model, quiet_rank
+    from .model_specs import batch_loss, build_model
+    from .zero_run import quiet_rank
     quiet_rank()
     spec = {"kind": "mlp", "sizes": sizes, "seed": 0}
     losses, sent = {}, {}
@@ -132,7 +127,7 @@ def _curves_rank(rank, world_size, methods, sizes, data, steps, lr, topk_ratio, 
             for s in range(steps):
                 x, y = (data[key][s].chunk(world_size)[rank] for key in ("x", "y"))
                 opt.zero_grad()
-                loss = nn.functional.mse_loss(model(x), y)
+                loss = batch_loss(model, spec, x, y)
                 loss.backward()
                 flat = torch.cat([p.grad.reshape(-1) for p in params])
                 sent_before = counter.sent

@@ -63,7 +63,6 @@ def _train_rank(rank: int, world_size: int, wrapper, model_cfg: dict, x: torch.T
     import torch.distributed as dist
 
     from camplib.dist.counting import count_bytes
-    torch.set_num_threads(1)
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if dist.get_backend() == "nccl" else torch.device("cpu")
     model = build_model(model_cfg, seed + rank).to(device)
     x_shard, y_shard = x.chunk(world_size)[rank].to(device), y.chunk(world_size)[rank].to(device)
@@ -113,7 +112,6 @@ def train_on_ranks(wrapper, world_size: int, model_cfg: dict, x: torch.Tensor, y
 
 def _module_rank(rank: int, world_size: int, fn, model_cfg: dict, seed: int, fn_kwargs: dict) -> dict:
     from camplib.dist.counting import count_bytes
-    torch.set_num_threads(1)
     model = build_model(model_cfg, seed + rank)
     with torch.no_grad():   # buffers that differ per rank too (BatchNorm's running statistics)
         for b in model.buffers():
