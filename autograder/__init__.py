@@ -1,2 +1,22 @@
-"""LLM Camp's course tooling: the `camp` command (list, build, run, grade, check) and the
-checking helper that every lab's graded tests call (`autograder.checks`)."""
+"""LLM Camp's course tooling: the `camp` command and the checks every lab's tests call.
+
+Where things live (one role per folder):
+
+| folder / file   | role                                                                        |
+|-----------------|-----------------------------------------------------------------------------|
+| `cli.py`        | the `camp` command: parses arguments, calls one of the modules below         |
+| `catalog.py`    | `course/labs.toml` as objects: labs, profiles, forbidden APIs, grading caps  |
+| `checks.py`     | what lab test cells call: `check_close`, `forward_backward`, `make` ...      |
+| `text.py`       | plain-text tables and making untrusted text inert (terminal, CSV, HTML)      |
+| `course/`       | authoring: `release` (camp build), `execute` (camp run, papermill),          |
+|                 | `selfcheck` (camp check), `labspec` (a lab read from its source notebook),   |
+|                 | `reference` (reference submissions), `nbgrader_setup`                       |
+| `grading/`      | the trusted side of camp grade: `grade` (a class), `worker` (one submission  |
+|                 | in a pool process), `engine` (cells and tests), `program` (which cells run), |
+|                 | `remote` + `wire` (stand-ins for the student's objects), `forbid`,           |
+|                 | `uploads` (reading submissions), `results` (outcomes and their store)        |
+| `isolation/`    | where student code runs: `sandbox` (start/stop/talk), `sandbox_init` (the    |
+|                 | first program inside it), `student_process` (runs the student's cells)       |
+| `reports/`      | what people read: `feedback` (per student), `class_report` (report.html),    |
+|                 | `gradebook` (nbgrader's sqlite), grades.csv                                  |
+"""

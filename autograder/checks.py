@@ -123,10 +123,10 @@ def check_true(name: str, condition: Any, hint: str = "") -> None:
 
 
 # -- running student code: the same calls work on local objects and, during grading, on the
-#    stand-ins for objects that live in the student's process (autograder.remote) -------------
+#    stand-ins for objects that live in the student's process (autograder.grading.remote) -------------
 
 def _remote(obj) -> bool:
-    return type(obj).__name__ == "RemoteObject" and type(obj).__module__ == "autograder.remote"
+    return type(obj).__name__ == "RemoteObject" and type(obj).__module__ == "autograder.grading.remote"
 
 
 def forward_backward(fn: Any, *inputs: Any, grad_output: torch.Tensor | None = None, **kwargs: Any):

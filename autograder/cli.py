@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .catalog import LEVELS, Catalog, repo_root
-from .table import format_table
+from .text import format_table
 
 
 def cmd_list(args, catalog: Catalog, root: Path) -> int:
@@ -26,7 +26,7 @@ def cmd_list(args, catalog: Catalog, root: Path) -> int:
 
 
 def cmd_build(args, catalog: Catalog, root: Path) -> int:
-    from .build import BuildError, check_release, release_labs
+    from .course.release import BuildError, check_release, release_labs
 
     labs = catalog.select(args.labs)
     try:
@@ -48,7 +48,7 @@ def cmd_build(args, catalog: Catalog, root: Path) -> int:
 
 
 def cmd_run(args, catalog: Catalog, root: Path) -> int:
-    from .run import parse_value, run_lab
+    from .course.execute import parse_value, run_lab
 
     overrides = {name: parse_value(value) for name, value in args.param}
     out = Path(args.out or root / "runs" / args.profile).resolve()
@@ -65,7 +65,7 @@ def cmd_run(args, catalog: Catalog, root: Path) -> int:
 
 
 def cmd_grade(args, catalog: Catalog, root: Path) -> int:
-    from .grade import GradeOptions, GradingSetupError, grade
+    from .grading.grade import GradeOptions, GradingSetupError, grade
 
     subs = Path(args.submissions)
     if not subs.is_dir():
@@ -88,7 +88,7 @@ def cmd_grade(args, catalog: Catalog, root: Path) -> int:
 
 
 def cmd_check(args, catalog: Catalog, root: Path) -> int:
-    from .check import check_notebook
+    from .course.selfcheck import check_notebook
 
     path = Path(args.notebook)
     if not path.is_file():

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from autograder.catalog import Catalog, repo_root
-from autograder.grade import GradeOptions, grade
-from autograder.nbgrader_setup import nbgrader_api, nbgrader_config
-from autograder.reference import student_notebook, write_submission
+from autograder.course.nbgrader_setup import nbgrader_api, nbgrader_config
+from autograder.course.reference import student_notebook, write_submission
+from autograder.grading.grade import GradeOptions, grade
 
 LAB = "b01"
 WRONG_MASKS = "def causal_mask(L, S=None, device=None):\n    return torch.ones(L, L if S is None else S, dtype=torch.bool)\n" \

@@ -68,6 +68,7 @@ def main():
     torch.set_num_threads(args.threads)
 
     import transformers
+
     from camplib.model import GPT
 
     torch.manual_seed(0)

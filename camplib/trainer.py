@@ -20,7 +20,12 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from camplib.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from camplib.checkpoint import (
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from camplib.optim import clip_grad_norm_
 
 __all__ = ["Trainer", "accumulate_gradients"]

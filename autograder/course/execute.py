@@ -1,0 +1,97 @@
+"""`camp run`: execute solution notebooks with papermill under a parameter profile.
+
+`ci` runs small on CPU (each lab under CI_BUDGET_S on 2 cores); `gpu` runs the sizes the course
+is meant for. A run also fails when a graded test cell writes to stderr, because nbgrader
+would score that cell 0 even though it passed.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from ..catalog import Lab
+from .nbgrader_setup import put_environment_on_path
+
+CI_BUDGET_S = 45.0
+
+
+@dataclass
+class RunResult:
+    lab: str
+    profile: str
+    seconds: float
+    ok: bool
+    message: str = ""
+    output: Path | None = None
+
+
+def parse_value(text: str):
+    """A `-p NAME VALUE` value: JSON when it parses (numbers, true/false, lists), else a string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def run_lab(lab: Lab, root: Path, out_dir: Path, profile: str = "ci", overrides: dict | None = None) -> RunResult:
+    """Execute lab's solution notebook in out_dir/<lab.name>/ (a copy of its folder) and report."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    put_environment_on_path()
+    params = {**lab.parameters(profile), **(overrides or {})}
+    work = out_dir / lab.name
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(lab.source_path(root).parent, work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    output = work / lab.notebook
+    start = time.perf_counter()
+    try:
+        papermill.execute_notebook(str(lab.source_path(root)), str(output), parameters=params,
+                                   kernel_name="python3", cwd=str(work), progress_bar=False,
+                                   log_output=False, execution_timeout=lab.cell_timeout)
+    except PapermillExecutionError as exc:
+        where = describe_cell(output, exc.exec_count, exc.source)
+        return RunResult(lab.id, profile, time.perf_counter() - start, False,
+                         f"{where}: {exc.ename}: {exc.evalue}".strip(), output)
+    except Exception as exc:  # kernel died, timeout, bad notebook: report, never crash the table
+        return RunResult(lab.id, profile, time.perf_counter() - start, False,
+                         f"{type(exc).__name__}: {exc}".splitlines()[0], output)
+    seconds = time.perf_counter() - start
+    noisy = stderr_test_cells(output)
+    if noisy:
+        return RunResult(lab.id, profile, seconds, False,
+                         f"graded test cell(s) wrote to stderr (nbgrader scores them 0): {', '.join(noisy)}", output)
+    note = f"over the {CI_BUDGET_S:.0f} s CI budget" if profile == "ci" and seconds > CI_BUDGET_S else ""
+    return RunResult(lab.id, profile, seconds, True, note, output)
+
+
+def describe_cell(notebook: Path, exec_count: int | None, source: str) -> str:
+    """'cell In [12] (grade_id test_sdpa)' or 'cell In [12] (`first line`)' for a failing cell."""
+    grade_id = None
+    try:
+        for cell in nbformat.read(notebook, as_version=4).cells:
+            if cell.cell_type == "code" and cell.source == source:
+                grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+                break
+    except Exception:
+        pass
+    first = next((line for line in (source or "").splitlines() if line.strip()), "")
+    return f"cell In [{exec_count}] " + (f"(grade_id {grade_id})" if grade_id else f"(`{first[:60]}`)")
+
+
+def stderr_test_cells(notebook: Path) -> list[str]:
+    """grade_ids of graded test cells whose outputs include a stderr stream."""
+    nb = nbformat.read(notebook, as_version=4)
+    noisy = []
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+            if any(o.get("output_type") == "stream" and o.get("name") == "stderr" for o in cell.get("outputs", [])):
+                noisy.append(meta.get("grade_id", "?"))
+    return noisy

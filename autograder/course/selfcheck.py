@@ -1,0 +1,77 @@
+"""`camp check NOTEBOOK`: a student's self-check before submitting.
+
+Validates the notebook, compares its graded cells with the released lab (a deleted or
+duplicated test cell is reported: the grader restores test cells from the course), executes a
+copy (the student's file is never modified) and reports each visible test cell. Hidden tests
+run only at grading time.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from ..catalog import Catalog
+from .nbgrader_setup import put_environment_on_path
+
+
+@dataclass
+class TestResult:
+    grade_id: str
+    points: float
+    passed: bool
+    message: str = ""
+
+
+def structure_problems(nb, released) -> list[str]:
+    """Differences in graded cells between a student's notebook and the released lab."""
+    def ids(notebook):
+        return [c.metadata["nbgrader"]["grade_id"] for c in notebook.cells
+                if c.metadata.get("nbgrader", {}).get("grade_id")]
+    mine, expected = Counter(ids(nb)), Counter(ids(released))
+    problems = [f"graded cell '{g}' is missing" for g in expected if g not in mine]
+    problems += [f"graded cell '{g}' appears {n} times" for g, n in mine.items() if n > 1]
+    problems += [f"cell '{g}' is not part of this lab" for g in mine if g not in expected]
+    return problems
+
+
+def run_visible_tests(path: Path, timeout: int = 120) -> list[TestResult]:
+    """Execute a copy of the notebook (cwd = its folder) and report every graded test cell."""
+    from nbclient import NotebookClient
+
+    put_environment_on_path()
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(path.parent.resolve())}})
+    client.execute()
+    results = []
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
+            continue
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        message = f"{errors[0].get('ename')}: {errors[0].get('evalue')}" if errors else ""
+        results.append(TestResult(meta.get("grade_id", "?"), float(meta.get("points", 0)), not errors, message))
+    return results
+
+
+def check_notebook(path: Path, catalog: Catalog, root: Path) -> tuple[list[str], list[TestResult]]:
+    """(structure problems, visible test results) for a student's notebook."""
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except Exception as exc:
+        return [f"not a valid notebook: {str(exc).splitlines()[0]}"], []
+    problems: list[str] = []
+    timeout = 120
+    try:
+        lab = catalog.get(path.stem)
+        timeout = lab.cell_timeout
+        released = lab.release_path(root)
+        if released.exists():
+            problems = structure_problems(nb, nbformat.read(released, as_version=4))
+    except KeyError:
+        problems = [f"'{path.name}' is not a lab notebook of this course; checking its tests anyway"]
+    return problems, run_visible_tests(path, timeout)

@@ -1,0 +1,162 @@
+"""Grading one submission: the student's cells run in their sandbox, the course's tests run
+here, in a clean trusted process, against stand-ins for the student's objects.
+
+A crash or timeout costs only what it hits: a cell that kills or hangs the student's process is
+skipped and the process restarted with the cells before it replayed; a test that does so scores
+0 and the next test gets a fresh process. Forbidden APIs score 0 on the tests they affect.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+import traceback
+from pathlib import Path
+
+import nbformat
+
+from .. import checks
+from ..course.labspec import LabSpec
+from ..isolation.sandbox import Sandbox, StudentCrashed
+from .forbid import static_uses
+from .program import build_program
+from .remote import RemoteObject, Session, StudentError
+from .results import SubmissionResult, TestOutcome
+
+MAX_MESSAGE = 2000
+
+
+class _Student:
+    """The student's sandbox plus the cells that define their code, replayed after a restart."""
+
+    def __init__(self, sandbox: Sandbox, deadline: float):
+        self.sandbox, self.deadline = sandbox, deadline
+        self.ran: list[str] = []
+        self.session: Session | None = None
+
+    def restart(self) -> None:
+        self.sandbox.start()
+        self.session = Session(self.sandbox, self.deadline)
+        for source in self.ran:
+            self._exec(source)
+
+    def _exec(self, source: str):
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise StudentCrashed("the notebook's total time limit was reached")
+        header, _ = self.sandbox.request({"op": "exec", "source": source},
+                                         timeout=min(self.sandbox.limits.cell_seconds, left))
+        return header.get("value")
+
+    def run_cell(self, source: str) -> str | None:
+        """Run a cell; its error message (None if it ran). A crash or timeout skips the cell."""
+        try:
+            error = self._exec(source)
+        except StudentCrashed as exc:
+            self.restart()
+            return f"{exc} (the cell was skipped)"
+        self.ran.append(source)
+        return error
+
+
+def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, sandbox: Sandbox,
+                     forbid: list[str]) -> SubmissionResult:
+    start = time.monotonic()
+    result = SubmissionResult(student, lab_id, "graded", max_score=spec.max_score)
+    try:
+        if not notebook.exists():
+            others = sorted(p.name for p in notebook.parent.glob("*.ipynb"))
+            raise ValueError(f"no {notebook.name} in the submission" + (f" (found {', '.join(others)})" if others else ""))
+        nb = nbformat.read(notebook, as_version=4)
+        nbformat.validate(nb)
+    except Exception as exc:
+        result.status = "error"
+        result.message = (str(exc) if isinstance(exc, ValueError) and str(exc).startswith("no ") else
+                          f"not a valid notebook: {str(exc).splitlines()[0][:200]}")
+        result.tests = [TestOutcome(t.grade_id, t.points, 0.0, "not graded: the notebook could not be read") for t in spec.tests]
+        return result
+    program = build_program(spec, nb)
+    result.notes = program.notes
+    banned = _static_forbidden(spec, program, forbid)
+    student_proc = _Student(sandbox, start + sandbox.limits.notebook_seconds)
+    try:
+        student_proc.restart()
+        for label, source, _ in program.cells:
+            error = student_proc.run_cell(source)
+            if error:
+                result.cell_errors.append(f"{label}: {error}"[:MAX_MESSAGE])
+        trusted = _trusted_namespace(spec)
+        for test in spec.tests:
+            result.tests.append(_run_test(test, trusted, spec, student_proc, banned.get(test.grade_id)))
+    except StudentCrashed as exc:  # the process could not even be (re)started
+        result.status, result.message, result.retry = "error", str(exc), True
+    finally:
+        sandbox.close()
+    done = {t.grade_id for t in result.tests}
+    result.tests += [TestOutcome(t.grade_id, t.points, 0.0, "not graded: " + (result.message or "stopped"))
+                     for t in spec.tests if t.grade_id not in done]
+    result.score = sum(t.score for t in result.tests)
+    result.seconds = round(time.monotonic() - start, 2)
+    return result
+
+
+def _static_forbidden(spec: LabSpec, program, forbid: list[str]) -> dict[str, str]:
+    """test grade_id -> message, for tests of exercises whose cells use a forbidden API."""
+    banned: dict[str, str] = {}
+    if not forbid:
+        return banned
+    course_sources = set(spec.locked.values()) | {spec.parameters, *spec.setup}
+    for label, source, grade_id in program.cells:
+        if source in course_sources:
+            continue
+        hits = static_uses(source, forbid)
+        if not hits:
+            continue
+        tests = spec.solution_tests.get(grade_id) if grade_id else None
+        for test in tests or [t.grade_id for t in spec.tests]:  # a stray cell can affect any test
+            banned.setdefault(test, f"{label} uses {', '.join(hits)}, which this lab forbids")
+    return banned
+
+
+def _trusted_namespace(spec: LabSpec) -> dict:
+    ns: dict = {"__name__": "__camp_grader__"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(spec.parameters, "<parameters>", "exec"), ns)
+        ns["device"] = "cpu"   # grading compares on the CPU, whatever the lab's profile
+        for i, source in enumerate(spec.setup):
+            exec(compile(source, f"<setup {i}>", "exec"), ns)
+    return ns
+
+
+def _run_test(test, trusted: dict, spec: LabSpec, student: _Student, banned: str | None) -> TestOutcome:
+    if banned:
+        return TestOutcome(test.grade_id, test.points, 0.0, banned)
+    student.session.forbidden.clear()
+    ns = dict(trusted)
+    ns.update({name: RemoteObject(student.session, name, name) for name in spec.student_names})
+    out = io.StringIO()
+    message = ""
+    checks._grading_session = student.session   # `make` builds in the student's process
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(test.source, f"<{test.grade_id}>", "exec"), ns)
+    except StudentError as exc:
+        message = str(exc)
+    except AssertionError as exc:
+        message = str(exc) or "a check failed"
+    except Exception as exc:  # the test tripped over what the student's code returned
+        message = f"{type(exc).__name__}: {exc} ({_where(exc, test.grade_id)})"
+    finally:
+        checks._grading_session = None
+    hits = student.session.forbidden
+    if hits:  # the reason for the zero, whatever else went wrong
+        message = f"your code called {', '.join(sorted(hits))}, which this lab forbids" + (f" ({message})" if message else "")
+    if student.sandbox.proc is None:  # the test crashed the student's process: fresh one for the next
+        student.restart()
+    return TestOutcome(test.grade_id, test.points, 0.0 if message else test.points,
+                       message[:MAX_MESSAGE], out.getvalue()[-MAX_MESSAGE:])
+
+
+def _where(exc: BaseException, grade_id: str) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == f"<{grade_id}>"]
+    return f"test line {frames[-1].lineno}" if frames else "in the test"

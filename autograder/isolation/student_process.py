@@ -1,0 +1,157 @@
+"""The process that holds a student's code during grading (inside the sandbox).
+
+It runs the student's cells when asked, then answers requests from the grader: call a function
+the student defined, construct one of their classes, run forward and backward, load or read
+module parameters. Only tensors and plain data go back (autograder.grading.wire). The grader never
+trusts anything this process computes except as "the student's answer".
+
+Protocol on the original stdin/stdout (the student's own prints go to output.log):
+  request  {"op": "exec"|"call"|"getattr"|"make"|"forward_backward"|"load_parameters"|"parameters", ...}
+  response {"ok": true, "value": ..., "forbidden": [...]} | {"ok": false, "error": "...", ...}
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+MAX_TRACEBACK = 4000
+
+
+class Runner:
+    def __init__(self, forbid: list[str]):
+        from ..grading.forbid import Tripwires
+
+        self.tripwires = Tripwires(forbid)
+        self.handles: dict[int, object] = {}
+        from IPython.core.interactiveshell import InteractiveShell
+
+        self.shell = InteractiveShell.instance(colors="nocolor")
+        self.ns = self.shell.user_ns
+
+    # -- values -------------------------------------------------------------------------
+    def register(self, obj) -> int:
+        self.handles[id(obj)] = obj
+        return id(obj)
+
+    def resolve(self, handle_id: int | str):
+        if isinstance(handle_id, str):  # something the notebook defines, passed by name
+            if handle_id not in self.ns:
+                raise NameError(f"name '{handle_id}' is not defined in your notebook")
+            return self.ns[handle_id]
+        if handle_id not in self.handles:
+            raise KeyError(f"unknown object handle {handle_id}")
+        return self.handles[handle_id]
+
+    def target(self, req):
+        from ..grading.wire import decode
+        t = req["target"]
+        if isinstance(t, str):
+            if t not in self.ns:
+                raise NameError(f"name '{t}' is not defined in your notebook")
+            return self.ns[t]
+        return decode(t, {}, self.resolve)
+
+    # -- operations ---------------------------------------------------------------------
+    def op_exec(self, req, tensors):
+        result = self.shell.run_cell(req["source"], store_history=False, silent=False)
+        err = result.error_before_exec or result.error_in_exec
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return {"ok": True, "value": None if err is None else f"{type(err).__name__}: {err}"[:500]}
+
+    def op_getattr(self, req, tensors):
+        name = req["name"]
+        if not isinstance(name, str) or name.startswith("_"):
+            raise AttributeError(f"attribute {name!r} cannot be read by the grader")
+        return self.reply(getattr(self.target(req), name))
+
+    def op_call(self, req, tensors):
+        from ..grading.wire import decode
+        fn = self.target(req)
+        args, kwargs = decode(req["args"], tensors, self.resolve), decode(req["kwargs"], tensors, self.resolve)
+        return self.reply(fn(*args, **kwargs))
+
+    def op_make(self, req, tensors):
+        import importlib
+
+        from ..checks import make_allowed
+        from ..grading.wire import decode
+        path = req["path"]
+        if not make_allowed(path):
+            raise ValueError(f"make: {path!r} is not allowed")
+        module, _, name = path.rpartition(".")
+        factory = getattr(importlib.import_module(module), name)
+        args, kwargs = decode(req["args"], tensors, self.resolve), decode(req["kwargs"], tensors, self.resolve)
+        return self.reply(factory(*args, **kwargs))
+
+    def op_forward_backward(self, req, tensors):
+        from ..checks import forward_backward
+        from ..grading.wire import decode
+        fn = self.target(req)
+        args, kwargs = decode(req["args"], tensors, self.resolve), decode(req["kwargs"], tensors, self.resolve)
+        grad_output = decode(req["grad_output"], tensors, self.resolve)
+        return self.reply(forward_backward(fn, *args, grad_output=grad_output, **kwargs), handles=False)
+
+    def op_load_parameters(self, req, tensors):
+        from ..checks import load_parameters
+        from ..grading.wire import decode
+        load_parameters(self.target(req), decode(req["params"], tensors))
+        return self.reply(None)
+
+    def op_parameters(self, req, tensors):
+        from ..checks import parameters_of
+        return self.reply(parameters_of(self.target(req)), handles=False)
+
+    def reply(self, value, handles: bool = True):
+        from ..grading.wire import encode
+        structure, out = encode(value, self.register if handles else None)
+        return {"ok": True, "value": structure}, out
+
+    def handle(self, req, tensors):
+        op = getattr(self, "op_" + str(req.get("op")), None)
+        if op is None:
+            return {"ok": False, "error": f"unknown operation {req.get('op')!r}"}
+        self.tripwires.reset()
+        try:
+            response = op(req, tensors)
+        except BaseException as exc:  # the student's exception (even SystemExit) is their answer
+            tb = "".join(traceback.format_exception(exc))[-MAX_TRACEBACK:]
+            response = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:1000], "traceback": tb,
+                        "error_type": type(exc).__name__ if type(exc).__module__ == "builtins" else ""}
+        header, out = response if isinstance(response, tuple) else (response, {})
+        header["forbidden"] = sorted(self.tripwires.hits)
+        return header, out
+
+
+def main() -> None:
+    from ..grading.wire import read_message, write_message
+
+    config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
+    proto_out = os.fdopen(os.dup(1), "wb")
+    log = os.open("output.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.stdin = open(os.devnull)
+    sys.path.append(os.getcwd())  # the submission's own helper modules import, but never shadow a library
+    runner = Runner(config.get("forbid", []))
+    write_message(proto_out, {"ok": True, "ready": True})
+    while True:
+        try:
+            req, tensors = read_message(proto_in)
+        except EOFError:
+            return
+        header, out = runner.handle(req, tensors)
+        try:
+            write_message(proto_out, header, out)
+        except Exception as exc:  # e.g. a returned tensor safetensors cannot store
+            write_message(proto_out, {"ok": False, "error": f"could not send the result: {exc}"[:1000],
+                                      "forbidden": header.get("forbidden", [])})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""`camp run`: every solution notebook executes with papermill in its CI profile, and a failing
+notebook is reported with the cell that failed."""
+import nbformat
+import pytest
+
+from autograder.catalog import Catalog, Lab, repo_root
+from autograder.cli import main
+from autograder.course.execute import parse_value, run_lab
+
+ROOT = repo_root()
+
+
+@pytest.mark.slow
+def test_every_solution_notebook_runs_in_ci_profile(tmp_path, capsys):
+    rc = main(["run", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    for lab in Catalog.load().ready():
+        assert (tmp_path / lab.name / lab.notebook).is_file()
+        assert f"{lab.id}: ok" in out
+
+
+def _toy_lab(tmp_path, *sources, tag_first=True):
+    lab = Lab(id="x01", name="x01_toy", level="basic", title="toy", status="ready",
+              profiles={"ci": {"n": 1}, "gpu": {"n": 2}}, cell_timeout=30)
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    for src in sources:
+        nb.cells.append(nbformat.v4.new_code_cell(src))
+    if tag_first:
+        nb.cells[0].metadata["tags"] = ["parameters"]
+    path = lab.source_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    return lab
+
+
+@pytest.mark.slow
+def test_failure_names_the_cell_and_parameters_are_injected(tmp_path):
+    lab = _toy_lab(tmp_path, "n = 0", "import math", "assert n == 5, f'n is {n}'")
+    ok = run_lab(lab, tmp_path, tmp_path / "out", "ci", {"n": 5})
+    assert ok.ok, ok.message
+    bad = run_lab(lab, tmp_path, tmp_path / "out", "gpu")
+    assert not bad.ok
+    assert "`assert n == 5" in bad.message and "AssertionError: n is 2" in bad.message
+
+
+@pytest.mark.slow
+def test_stderr_in_a_graded_test_cell_fails_the_run(tmp_path):
+    lab = _toy_lab(tmp_path, "n = 0", "import sys; print('noise', file=sys.stderr)")
+    nb = nbformat.read(lab.source_path(tmp_path), as_version=4)
+    nb.cells[1].metadata["nbgrader"] = {"grade": True, "solution": False, "locked": True,
+                                        "points": 1, "grade_id": "test_noisy", "schema_version": 3}
+    nbformat.write(nb, lab.source_path(tmp_path))
+    result = run_lab(lab, tmp_path, tmp_path / "out", "ci")
+    assert not result.ok and "test_noisy" in result.message
+
+
+def test_parameter_values_parse_like_json():
+    assert parse_value("3") == 3 and parse_value("0.5") == 0.5 and parse_value("true") is True
+    assert parse_value("cuda") == "cuda" and parse_value('"7"') == "7"

@@ -1,0 +1,71 @@
+"""The student's process as the grader sees it: stand-ins call the student's code, objects built
+with `make` live next to it, and everything crosses as tensors and plain data."""
+import pytest
+import torch
+
+from autograder import checks
+from autograder.checks import load_parameters, make, parameters_of
+from autograder.grading.remote import RemoteObject, Session, StudentError
+from autograder.isolation.sandbox import Sandbox, namespaces_available
+
+STUDENT_CODE = '''
+import torch
+def last_logits(model, idx):
+    logits, _ = model(idx)
+    return logits[:, -1]
+
+def doubled_sum(t):
+    import torch.distributed as dist
+    dist.all_reduce(t)
+    return 2 * t
+'''
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    isolation = "namespace" if namespaces_available() else "none"
+    sandbox = Sandbox(tmp_path_factory.mktemp("sandbox") / "s", isolation=isolation)
+    sandbox.start()
+    s = Session(sandbox)
+    assert s.request("exec", "cell", source=STUDENT_CODE) is None
+    yield s
+    sandbox.close()
+
+
+def test_objects_made_for_the_student_are_used_by_their_code(session):
+    config = {"vocab_size": 50, "n_layer": 1, "n_head": 2, "d_model": 16, "max_seq_len": 32}
+    local = make("camplib.model.GPT", make("camplib.model.GPTConfig", **config))
+    checks._grading_session = session
+    try:
+        remote = make("camplib.model.GPT", make("camplib.model.GPTConfig", **config))
+    finally:
+        checks._grading_session = None
+    assert isinstance(remote, RemoteObject)
+    load_parameters(remote, parameters_of(local))
+    idx = torch.randint(0, 50, (2, 7))
+    got = RemoteObject(session, "last_logits", "last_logits")(remote, idx)
+    torch.testing.assert_close(got, local(idx)[0][:, -1], rtol=0, atol=0)
+    logits, loss = remote(idx)                       # a module's tuple comes back as a tuple
+    assert loss is None and torch.equal(logits, local(idx)[0])
+
+
+def test_make_refuses_anything_outside_the_course_and_torch(session):
+    with pytest.raises(ValueError, match="not in"):
+        make("os.system", "true")
+    with pytest.raises(StudentError, match="not allowed"):
+        session.request("make", "os.system(...)", path="os.system", args=["true"], kwargs={})
+
+
+def test_a_students_function_runs_on_ranks_inside_the_sandbox(session):
+    """Distributed labs: the student's function is passed by name to a course helper, which
+    forks the ranks next to it (loopback networking only) and returns plain tensors."""
+    inputs = [torch.full((4,), 1.0), torch.full((4,), 2.0)]
+    checks._grading_session = session
+    try:
+        out = make("camplib.dist.harness.run_collective", RemoteObject(session, "doubled_sum", "doubled_sum"), inputs)
+    finally:
+        checks._grading_session = None
+    assert [o.tolist() for o in out["outputs"]] == [[6.0] * 4, [6.0] * 4]
+    assert out["calls"] == [{"allreduce": 1}, {"allreduce": 1}] and out["bytes_sent"] == [0, 0]
+    with pytest.raises(StudentError, match="not defined in your notebook"):
+        session.make("camplib.dist.harness.run_collective", [RemoteObject(session, "missing", "missing"), inputs], {})

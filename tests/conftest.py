@@ -1,0 +1,36 @@
+"""Fixtures every test gets.
+
+- one intra-op thread per test process: the suite runs on 2 cores (pytest-xdist workers, rank
+  processes, sandboxes); tiny matmuls only lose by waiting for a busy core;
+- no process left behind: a test that starts ranks, sandboxes or servers must end them.
+"""
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def pytest_configure(config):
+    torch.set_num_threads(1)
+
+
+def child_processes() -> set[int]:
+    """Live or zombie processes whose parent is this test process."""
+    me, kids = os.getpid(), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            kids.add(int(stat.parent.name))
+    return kids
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    before = child_processes()
+    yield
+    left = child_processes() - before
+    assert not left, f"the test left processes behind: {sorted(left)}"

@@ -1,0 +1,40 @@
+"""What many test files share: where the repository is, and one way to say "equal within a
+tolerance" that names the value compared and its largest difference.
+
+`assert_close` is `autograder.checks.check_close` (the helper every lab's tests use) extended to
+the containers tests compare (dicts of parameters, lists of per-rank tensors): a failure names the
+entry, e.g. "params[rank 1]['blocks.0.attn.qkv.weight']: max |difference| = 3e-4 at index ...".
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from autograder.checks import check_close
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def assert_close(name: str, actual, expected, *, atol: float | None = None, rtol: float | None = None,
+                 check_dtype: bool = True) -> None:
+    """Fail unless `actual` equals `expected` within atol + rtol * |expected|, element-wise.
+
+    Tensors, numbers, and dicts / lists / tuples of them (compared key by key, item by item).
+    Without atol/rtol the per-dtype defaults of autograder.checks.TOLERANCES apply."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), f"{name}: expected a dict, got {type(actual).__name__}"
+        assert sorted(actual) == sorted(expected), \
+            f"{name}: keys differ (missing {sorted(set(expected) - set(actual))}, extra {sorted(set(actual) - set(expected))})"
+        for key in expected:
+            assert_close(f"{name}[{key!r}]", actual[key], expected[key], atol=atol, rtol=rtol, check_dtype=check_dtype)
+        return
+    if isinstance(expected, (list, tuple)) and not (expected and isinstance(expected[0], (int, float))):
+        assert len(actual) == len(expected), f"{name}: {len(actual)} items, expected {len(expected)}"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_close(f"{name}[{i}]", a, e, atol=atol, rtol=rtol, check_dtype=check_dtype)
+        return
+    if not isinstance(expected, torch.Tensor):
+        expected = torch.as_tensor(expected, dtype=torch.float64)
+        check_dtype = False
+    check_close(name, actual, expected, atol=atol, rtol=rtol, check_dtype=check_dtype)
