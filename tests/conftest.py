@@ -15,15 +15,26 @@ def pytest_configure(config):
     torch.set_num_threads(1)
 
 
+# multiprocessing's own helpers live as long as the test process, by design
+LONG_LIVED = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver")
+
+
 def child_processes() -> set[int]:
-    """Live or zombie processes whose parent is this test process."""
+    """Live or zombie processes whose parent is this test process (multiprocessing's resource
+    tracker and fork server excepted)."""
     me, kids = os.getpid(), set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == me:
+        if int(fields[1]) != me:
+            continue
+        try:
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            cmdline = b""
+        if not any(name in cmdline for name in LONG_LIVED):
             kids.add(int(stat.parent.name))
     return kids
 
