@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from camplib.amp import LossScaler, MasterWeights, float_format, round_to, ulp
+from tests.support import assert_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ATOL, RTOL = 1e-7, 1e-6  # fp32 parameters
@@ -62,8 +63,7 @@ def test_loss_scaler_matches_grad_scaler_step_by_step(unscale_first):
     for step, ((s, skip, params), (rs, rskip, rparams), bad) in enumerate(zip(mine, ref, poison)):
         assert s == rs, f"step {step}: scale {s} vs GradScaler {rs}"
         assert skip == rskip == (bad is not None), f"step {step}: skipped {skip}, GradScaler {rskip}, poisoned {bad}"
-        for p, rp in zip(params, rparams):
-            torch.testing.assert_close(p, rp, atol=ATOL, rtol=RTOL)
+        assert_close(f"parameters after step {step}", params, rparams, atol=ATOL, rtol=RTOL)
     scales = [s for s, _, _ in mine]
     assert scales[:4] == [1024.0, 1024.0, 2048.0, 1024.0]  # grew after 3 clean steps, halved on inf
 
@@ -161,8 +161,7 @@ def test_fp16_training_with_master_weights_matches_grad_scaler_pipeline():
         runs.append(record)
     for step, ((s, masters), (rs, rmasters)) in enumerate(zip(*runs)):
         assert s == rs, f"step {step}: scale {s} vs {rs}"
-        for m, rm in zip(masters, rmasters):
-            torch.testing.assert_close(m, rm, atol=ATOL, rtol=RTOL)
+        assert_close(f"master weights after step {step}", masters, rmasters, atol=ATOL, rtol=RTOL)
     assert runs[0][4][0] < runs[0][3][0], "the overflowing step must back off"
 
 

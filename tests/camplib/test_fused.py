@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from camplib import fused
 from camplib.fused import compile_layernorm_gelu, layernorm_gelu
+from tests.support import assert_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ATOL, RTOL = 1e-5, 1e-5
@@ -31,7 +32,7 @@ def test_eager_reference_is_layernorm_then_gelu(approximate):
         ln.weight.copy_(w)
         ln.bias.copy_(b)
     expected = torch.nn.GELU(approximate=approximate)(ln(x))
-    torch.testing.assert_close(layernorm_gelu(x, w, b, 1e-5, approximate), expected, atol=1e-6, rtol=1e-6)
+    assert_close("layernorm_gelu", layernorm_gelu(x, w, b, 1e-5, approximate), expected, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.slow
@@ -46,17 +47,17 @@ def test_compiled_equals_eager():
     x1, w1, b1 = (t.requires_grad_() for t in inputs(seed=1))
     x2, w2, b2 = (t.detach().clone().requires_grad_() for t in (x1, w1, b1))
     out, expected = f(x1, w1, b1), layernorm_gelu(x2, w2, b2)
-    torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL)
+    assert_close("compiled output", out, expected, atol=ATOL, rtol=RTOL)
     out.square().sum().backward()
     expected.square().sum().backward()
-    torch.testing.assert_close((x1.grad, w1.grad, b1.grad), (x2.grad, w2.grad, b2.grad), atol=1e-4, rtol=1e-4)
+    assert_close("compiled (x, w, b) grads", (x1.grad, w1.grad, b1.grad), (x2.grad, w2.grad, b2.grad), atol=1e-4, rtol=1e-4)
 
 
 def test_disabled_compilation_says_so():
     x, w, b = inputs()
     f = compile_layernorm_gelu(x, w, b, enabled=False)
     assert not f.fused and "disabled" in f.reason
-    torch.testing.assert_close(f(x, w, b), layernorm_gelu(x, w, b), atol=0, rtol=0)
+    assert_close("eager fallback", f(x, w, b), layernorm_gelu(x, w, b), atol=0, rtol=0)
 
 
 def test_failed_compilation_falls_back_with_the_reason(monkeypatch):
@@ -69,4 +70,4 @@ def test_failed_compilation_falls_back_with_the_reason(monkeypatch):
     f = compile_layernorm_gelu(x, w, b)
     assert not f.fused and "no C++ compiler found" in f.reason
     assert f.fn is layernorm_gelu
-    torch.testing.assert_close(f(x, w, b), F.gelu(F.layer_norm(x, (32,), w, b), approximate="tanh"))
+    assert_close("fallback output", f(x, w, b), F.gelu(F.layer_norm(x, (32,), w, b), approximate="tanh"))

@@ -19,6 +19,7 @@ from camplib.memory import (
     storage_bytes,
 )
 from camplib.model import GPT, GPTConfig, count_parameters
+from tests.support import assert_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GRAD_ATOL, GRAD_RTOL = 1e-6, 1e-5
@@ -68,9 +69,7 @@ def test_checkpointed_gradients_equal_plain_and_torch(cfg):
     expected = grads_of(plain, x, y)
     for name, model in [("camplib.checkpointing", ours), ("torch.utils.checkpoint", theirs)]:
         got = grads_of(model, x, y)
-        for n in expected:
-            torch.testing.assert_close(got[n], expected[n], atol=GRAD_ATOL, rtol=GRAD_RTOL,
-                                       msg=lambda m: f"{name}, {n}: {m}")
+        assert_close(f"{name} gradients", got, expected, atol=GRAD_ATOL, rtol=GRAD_RTOL)
     assert list(ours.state_dict()) == list(plain.state_dict())   # blocks unchanged, only forward wrapped
     enable_checkpointing(ours, enabled=False)
     assert all("forward" not in b.__dict__ for b in ours.blocks)
@@ -90,8 +89,8 @@ def test_checkpoint_function_on_a_plain_function_with_several_inputs():
         la, lb = a.clone().requires_grad_(), b.clone().requires_grad_()
         run(la, lb).sum().backward()
         results.append((la.grad, lb.grad))
-    for got in results[1:]:
-        torch.testing.assert_close(got, results[0], atol=1e-12, rtol=1e-10)
+    for name, got in zip(("camplib checkpoint", "torch.utils.checkpoint"), results[1:]):
+        assert_close(f"{name} (a, b) grads", got, results[0], atol=1e-12, rtol=1e-10)
 
 
 def test_checkpointing_saves_only_block_inputs():
