@@ -45,3 +45,9 @@ def no_leftover_processes():
     yield
     left = child_processes() - before
     assert not left, f"the test left processes behind: {sorted(left)}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Long tests first: with pytest-xdist each worker takes tests in this order, so the slow
+    ones (lab notebooks, grading round trips) start at once instead of forming a tail at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
