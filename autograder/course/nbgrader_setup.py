@@ -3,6 +3,7 @@ build and grade configure nbgrader the same way (through its API, never by copyi
 hand into its folders)."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -37,11 +38,38 @@ def nbgrader_config(root: Path, *, source: str | Path = "source", release: str |
     return c
 
 
+def alembic_head_in_process() -> None:
+    """Make nbgrader find its gradebook schema version without running `alembic` by name.
+
+    A new gradebook asks `nbgrader.api.get_alembic_version()`, which starts the `alembic`
+    command in a subprocess (seconds of start-up on every new gradebook: each `camp build`, each
+    grading workspace), and fails where the environment's bin is not on PATH. The head revision
+    comes from nbgrader's own migration scripts, so reading them here gives the same answer."""
+    import nbgrader.api
+
+    if getattr(nbgrader.api.get_alembic_version, "in_process", False):
+        return
+
+    @functools.lru_cache(maxsize=1)
+    def get_alembic_version() -> str:
+        from alembic.config import Config as AlembicConfig
+        from alembic.script import ScriptDirectory
+
+        cfg = AlembicConfig()
+        cfg.set_main_option("script_location", str(Path(nbgrader.api.__file__).parent / "alembic"))
+        (head,) = ScriptDirectory.from_config(cfg).get_heads()
+        return head
+
+    get_alembic_version.in_process = True
+    nbgrader.api.get_alembic_version = get_alembic_version
+
+
 def nbgrader_api(config: Config):
     """An `NbGraderAPI` for `config`. Its methods return {success, error, log} and never raise."""
     from nbgrader.apps.api import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
     put_environment_on_path()
+    alembic_head_in_process()
     coursedir = CourseDirectory(config=config)
     return NbGraderAPI(coursedir=coursedir, config=config)
