@@ -361,10 +361,11 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vo
 class _LargestOutput(TorchDispatchMode):
     def __init__(self):
         super().__init__()
-        self.largest, self.op = 0, None
+        self.largest, self.op, self.ops = 0, None, []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        self.ops.append(str(func))
         for t in out if isinstance(out, (list, tuple)) else [out]:
             if isinstance(t, torch.Tensor) and t.numel() * t.element_size() > self.largest:
                 self.largest, self.op = t.numel() * t.element_size(), str(func)
@@ -373,9 +374,11 @@ class _LargestOutput(TorchDispatchMode):
 
 @contextlib.contextmanager
 def largest_new_tensor():
-    """`with largest_new_tensor() as m:` records the biggest tensor any torch op returns inside
-    the block (m.largest bytes, m.op which op): forward and backward alike, views included (they
-    would only make it larger). How to show that a loss never builds the full logits."""
+    """`with largest_new_tensor() as m:` records the biggest tensor any aten op returns inside the
+    block (m.largest bytes, m.op which op, m.ops every op), forward and backward alike; in-place
+    results and views count too, so it errs on the large side. How to show that a loss never
+    builds the full logits. (Entering the first dispatch mode of a process imports torch._dynamo:
+    seconds. Forked ranks inherit the parent's imports.)"""
     mode = _LargestOutput()
     with mode:
         yield mode
