@@ -43,10 +43,22 @@ from camplib.parallel.tensor_comm import (
     tp_size,
 )
 
-__all__ = ["split_evenly", "padded_size", "Shard", "shard_of", "unshard", "ColumnParallelLinear",
-           "RowParallelLinear", "ParallelMLP", "ParallelAttention", "VocabParallelEmbedding",
-           "vocab_parallel_cross_entropy", "mark_sequence_parallel", "sync_sequence_parallel_grads",
-           "largest_new_tensor"]
+__all__ = [
+    "ColumnParallelLinear",
+    "ParallelAttention",
+    "ParallelMLP",
+    "RowParallelLinear",
+    "Shard",
+    "VocabParallelEmbedding",
+    "largest_new_tensor",
+    "mark_sequence_parallel",
+    "padded_size",
+    "shard_of",
+    "split_evenly",
+    "sync_sequence_parallel_grads",
+    "unshard",
+    "vocab_parallel_cross_entropy",
+]
 
 SEQ_DIM = 1  # activations are (batch, time, features): sequence shards split dim 1
 
@@ -216,7 +228,7 @@ class ParallelMLP(nn.Module):
         if kind not in ("gelu", "swiglu"):
             raise ValueError(f"ParallelMLP kind={kind!r}, expected 'gelu' or 'swiglu'")
         self.kind, self.approximate = kind, gelu_approximate
-        col = dict(bias=bias, sequence_parallel=sequence_parallel, group=group)
+        col = {"bias": bias, "sequence_parallel": sequence_parallel, "group": group}
         down = RowParallelLinear(d_ff, d_model, bias=bias, sequence_parallel=sequence_parallel, group=group)
         if kind == "gelu":
             self.fc, self.proj = ColumnParallelLinear(d_model, d_ff, **col), down

@@ -20,9 +20,20 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["tp_rank", "tp_size", "all_reduce_sum", "all_reduce_max", "all_gather_along", "reduce_scatter_along",
-           "local_chunk", "copy_to_tp", "reduce_from_tp", "gather_from_tp", "gather_from_sp",
-           "reduce_scatter_to_sp"]
+__all__ = [
+    "all_gather_along",
+    "all_reduce_max",
+    "all_reduce_sum",
+    "copy_to_tp",
+    "gather_from_sp",
+    "gather_from_tp",
+    "local_chunk",
+    "reduce_from_tp",
+    "reduce_scatter_along",
+    "reduce_scatter_to_sp",
+    "tp_rank",
+    "tp_size",
+]
 
 
 def tp_rank(group=None) -> int:

@@ -32,7 +32,7 @@ from camplib.parallel.tensor import (
 from camplib.parallel.tensor_comm import gather_from_tp, tp_rank, tp_size
 from camplib.rope import RotaryEmbedding
 
-__all__ = ["check_tp_config", "TensorParallelBlock", "TensorParallelGPT"]
+__all__ = ["TensorParallelBlock", "TensorParallelGPT", "check_tp_config", "run_split_gpt", "split_gpt_rank"]
 
 
 def check_tp_config(cfg: GPTConfig, t: int, *, sequence_parallel: bool = False, pad_vocab: bool = True,
@@ -53,7 +53,7 @@ class TensorParallelBlock(nn.Module):
 
     def __init__(self, cfg: GPTConfig, rope: RotaryEmbedding | None, sequence_parallel: bool, group=None):
         super().__init__()
-        sp = dict(sequence_parallel=sequence_parallel, group=group)
+        sp = {"sequence_parallel": sequence_parallel, "group": group}
         self.ln1 = make_norm(cfg)
         self.attn = ParallelAttention(cfg.d_model, cfg.n_head, cfg.kv_heads, bias=cfg.bias, rope=rope,
                                       dropout=cfg.dropout, **sp)
@@ -82,7 +82,7 @@ class TensorParallelGPT(nn.Module):
         t = tp_size(group)
         check_tp_config(cfg, t, sequence_parallel=sequence_parallel, pad_vocab=pad_vocab)
         self.config, self.group, self.sequence_parallel = cfg, group, sequence_parallel
-        sp = dict(sequence_parallel=sequence_parallel, group=group)
+        sp = {"sequence_parallel": sequence_parallel, "group": group}
         self.tok_emb = VocabParallelEmbedding(cfg.vocab_size, cfg.d_model, pad_vocab=pad_vocab, **sp)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.pos == "learned" else None
         rope = RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta) if cfg.pos == "rope" else None
@@ -99,7 +99,7 @@ class TensorParallelGPT(nn.Module):
 
     @classmethod
     def from_dense(cls, dense: GPT, group=None, *, sequence_parallel: bool = False,
-                   pad_vocab: bool = True) -> "TensorParallelGPT":
+                   pad_vocab: bool = True) -> TensorParallelGPT:
         """This rank's shards of `dense` (same dtype): computes what `dense` computes."""
         model = cls(dense.config, group, sequence_parallel=sequence_parallel, pad_vocab=pad_vocab)
         model.to(dense.tok_emb.weight.dtype)
@@ -127,7 +127,7 @@ class TensorParallelGPT(nn.Module):
             params[name].copy_(shard_of(dense_params[name], spec, rank, t))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        B, T = idx.shape
+        T = idx.size(1)
         if T > self.config.max_seq_len:
             raise ValueError(f"sequence of {T} tokens exceeds max_seq_len={self.config.max_seq_len}")
         if self.sequence_parallel:
@@ -155,3 +155,42 @@ class TensorParallelGPT(nn.Module):
     def sync_grads(self) -> int:
         """After backward with sequence parallelism: sum the sequence-parallel gradients."""
         return sync_sequence_parallel_grads(self, self.group) if self.sequence_parallel else 0
+
+
+# -- running the split model on ranks -------------------------------------------------------------
+def split_gpt_rank(rank: int, t: int, cases: list[dict], idx: torch.Tensor, targets: torch.Tensor) -> list[dict]:
+    """A rank function (for camplib.dist.launch): for each case {"model": dense GPT,
+    "sequence_parallel": bool} load this rank's shards of the dense model, run forward and
+    backward on (idx, targets), and return the full logits, the loss, this rank's gradients and
+    the shard layout. The dense models reach the ranks by fork, unpickled."""
+    out = []
+    for case in cases:
+        model = TensorParallelGPT.from_dense(case["model"], sequence_parallel=case.get("sequence_parallel", False))
+        logits, loss = model(idx, targets)
+        loss.backward()
+        model.sync_grads()
+        out.append({"logits": model.full_logits(logits.detach()), "loss": loss.detach(),
+                    "grads": {n: p.grad for n, p in model.named_parameters()}, "layout": model.shard_layout()})
+    return out
+
+
+def run_split_gpt(t: int, cases: list[dict], idx: torch.Tensor, targets: torch.Tensor, *,
+                  backend: str = "gloo", timeout: float = 60.0) -> list[dict]:
+    """Run `split_gpt_rank` on t ranks; per case: "logits" and "loss" of every rank (lists),
+    "grads" joined back into the dense model's shapes, and "replicated" (per rank: the gradients
+    of the parameters every rank holds whole, which must all be equal)."""
+    from camplib.dist import launch
+    from camplib.parallel.tensor import unshard
+
+    ranks = launch(split_gpt_rank, t, cases, idx, targets, backend=backend, timeout=timeout)
+    results = []
+    for i in range(len(cases)):
+        per_rank = [r[i] for r in ranks]
+        layout = per_rank[0]["layout"]
+        results.append({
+            "logits": [r["logits"] for r in per_rank], "loss": [r["loss"] for r in per_rank],
+            "grads": {n: unshard([r["grads"][n] for r in per_rank], s) for n, s in layout.items()},
+            "replicated": [{n: r["grads"][n] for n, s in layout.items() if s.dim is None} for r in per_rank],
+            "layout": layout,
+        })
+    return results

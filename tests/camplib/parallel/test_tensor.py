@@ -16,6 +16,7 @@ from camplib.dist.counting import count_bytes
 from camplib.model import MLP, GPTConfig, SwiGLU
 from camplib.parallel.model_specs import build_model
 from camplib.parallel.tensor import (
+    ColumnParallelLinear,
     ParallelAttention,
     ParallelMLP,
     Shard,
@@ -25,13 +26,17 @@ from camplib.parallel.tensor import (
     unshard,
     vocab_parallel_cross_entropy,
 )
-from camplib.parallel.tensor_model import TensorParallelGPT, check_tp_config
+from camplib.parallel.tensor_model import (
+    TensorParallelGPT,
+    check_tp_config,
+    run_split_gpt,
+)
 from tests.support import assert_close
 
-TOL = {"float64": dict(atol=1e-12, rtol=1e-10), "float32": dict(atol=1e-6, rtol=1e-5)}
+TOL = {"float64": {"atol": 1e-12, "rtol": 1e-10}, "float32": {"atol": 1e-6, "rtol": 1e-5}}
 TIMEOUT = 60
 # vocab 51 divides by neither 2 nor 4: the padded vocabulary is exercised at both sizes
-SMALL = dict(vocab_size=51, n_layer=2, d_model=32, max_seq_len=16)
+SMALL = {"vocab_size": 51, "n_layer": 2, "d_model": 32, "max_seq_len": 16}
 STYLES = {"gpt2": GPTConfig.gpt2_style(n_head=4, **SMALL),
           "llama": GPTConfig.llama_style(n_head=8, n_kv_head=4, **SMALL)}  # GQA: 2 query heads per kv head
 # (style, dtype, sequence parallel): each style and each dtype once with TP, once with SP
@@ -43,7 +48,7 @@ CASES = [("gpt2", "float64", False), ("llama", "float64", True), ("gpt2", "float
 def imported_once():
     """Ranks are forked, so they inherit this process's imports: torch's tensor parallelism and the
     torch._dynamo that entering a dispatch mode imports take seconds, once here, not once per rank."""
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo
     import torch.distributed.tensor.parallel  # noqa: F401
 
 
@@ -72,44 +77,26 @@ def _batch(seed: int, batch: int = 2, seq: int = 8):
 
 
 # -- the split model equals the dense one ----------------------------------------------------------
-def _split_gpt_rank(rank, t, cases, idx, targets):
-    out = []
-    for style, dtype, sp in cases:
-        dense = _dense(style, dtype)
-        model = TensorParallelGPT.from_dense(dense, sequence_parallel=sp)
-        logits, loss = model(idx, targets)
-        loss.backward()
-        model.sync_grads()
-        out.append({"logits": model.full_logits(logits.detach()), "loss": loss.detach(),
-                    "grads": {n: p.grad for n, p in model.named_parameters()}, "layout": model.shard_layout()})
-    return out
-
-
 @pytest.mark.parity
 @pytest.mark.parametrize("t", [2, 4])
 def test_split_gpt_equals_dense_logits_loss_and_every_gradient(t):
     idx, targets = _batch(seed=t)
-    ranks = launch(_split_gpt_rank, t, CASES, idx, targets, backend="gloo", timeout=TIMEOUT)
-    for i, (style, dtype, sp) in enumerate(CASES):
+    cases = [{"model": _dense(style, dtype), "sequence_parallel": sp} for style, dtype, sp in CASES]
+    results = run_split_gpt(t, cases, idx, targets, timeout=TIMEOUT)
+    for (style, dtype, sp), res in zip(CASES, results):
         case, tol = f"{style} {dtype} t={t} {'SP' if sp else 'TP'}", TOL[dtype]
         dense = _dense(style, dtype)
         logits, loss = dense(idx, targets)
         loss.backward()
         grads = {n: p.grad for n, p in dense.named_parameters()}
-        layout = ranks[0][i]["layout"]
-        assert sorted(layout) == sorted(grads), f"{case}: parameter names differ from the dense model's"
-        for rank, got in enumerate(ranks):
-            res = got[i]
-            assert_close(f"{case} rank {rank} logits", res["logits"], logits.detach(), **tol)
-            assert_close(f"{case} rank {rank} loss", res["loss"], loss.detach(), **tol)
-            for name, spec in layout.items():
-                if spec.dim is None:  # replicated: every rank must hold the full gradient
-                    assert_close(f"{case} rank {rank} grad {name}", res["grads"][name], grads[name], **tol)
-        for name, spec in layout.items():
-            if spec.dim is not None:
-                merged = unshard([r[i]["grads"][name] for r in ranks], spec)
-                assert_close(f"{case} grad {name} (ranks' shards joined)", merged, grads[name], **tol)
-        assert any(s.dim == 0 and s.dense_size for s in layout.values()), f"{case}: vocab was not padded"
+        assert sorted(res["layout"]) == sorted(grads), f"{case}: parameter names differ from the dense model's"
+        for rank in range(t):
+            assert_close(f"{case} rank {rank} logits", res["logits"][rank], logits.detach(), **tol)
+            assert_close(f"{case} rank {rank} loss", res["loss"][rank], loss.detach(), **tol)
+            for name, grad in res["replicated"][rank].items():  # every rank holds the full gradient
+                assert_close(f"{case} rank {rank} grad {name}", grad, grads[name], **tol)
+        assert_close(f"{case} grads (ranks' shards joined)", res["grads"], grads, **tol)
+        assert any(s.dim == 0 and s.dense_size for s in res["layout"].values()), f"{case}: vocab was not padded"
 
 
 # -- what each block communicates ----------------------------------------------------------------
@@ -166,7 +153,12 @@ def test_each_block_costs_two_all_reduces_each_way_and_sp_moves_the_same_bytes(i
 # -- next to torch's own tensor parallelism ---------------------------------------------------------
 def _torch_tp_mlp_rank(rank, t, x):
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
     mesh = init_device_mesh("cpu", (t,))
     out = {}
     for kind, plan in [("gelu", {"fc": ColwiseParallel(), "proj": RowwiseParallel()}),
@@ -178,15 +170,23 @@ def _torch_tp_mlp_rank(rank, t, x):
         specs = _specs(ours)
         ours.load_state_dict({n: shard_of(p.detach(), specs[n], rank, t) for n, p in dense.named_parameters()})
         theirs = parallelize_module(dense, mesh, plan)
-        got = {}
-        for name, module in (("ours", ours), ("torch", theirs)):
-            xi = x.clone().requires_grad_(True)
-            y = module(xi)
-            (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum().backward()
-            grads = {n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad) for n, p in module.named_parameters()}
-            got[name] = {"y": y.detach(), "x.grad": xi.grad, "grads": grads}
-        out[kind] = got
+        out[kind] = {name: _forward_backward(module, x) for name, module in (("ours", ours), ("torch", theirs))}
+    # a lone column layer that gathers its output vs ColwiseParallel with a replicated output
+    torch.manual_seed(4)
+    dense = torch.nn.Linear(16, 12).double()
+    ours = ColumnParallelLinear(16, 12, gather_output=True).double()
+    ours.load_state_dict({n: shard_of(p.detach(), ours.shard_specs()[n], rank, t) for n, p in dense.named_parameters()})
+    theirs = parallelize_module(dense, mesh, ColwiseParallel(output_layouts=Replicate()))
+    out["column, gathered"] = {name: _forward_backward(module, x) for name, module in (("ours", ours), ("torch", theirs))}
     return out
+
+
+def _forward_backward(module, x) -> dict:
+    xi = x.clone().requires_grad_(True)
+    y = module(xi)
+    (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum().backward()
+    grads = {n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad) for n, p in module.named_parameters()}
+    return {"y": y.detach(), "x.grad": xi.grad, "grads": grads}
 
 
 def _specs(module) -> dict[str, Shard]:
@@ -196,7 +196,7 @@ def _specs(module) -> dict[str, Shard]:
 
 
 @pytest.mark.parity
-def test_parallel_mlp_equals_torch_colwise_rowwise_parallel(imported_once):
+def test_parallel_mlp_and_gathered_column_equal_torch_colwise_rowwise_parallel(imported_once):
     x = torch.randn(2, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     ranks = launch(_torch_tp_mlp_rank, 2, x, backend="gloo", timeout=TIMEOUT)
     for rank, res in enumerate(ranks):
