@@ -75,7 +75,9 @@ class TensorParallelGPT(nn.Module):
 
     With `sequence_parallel`, activations between the parallel layers are sequence shards
     (T must divide by t): call `sync_grads()` after backward to sum the gradients of the
-    parameters used there (norms, position table, row biases)."""
+    parameters used there (norms, position table, row biases).
+
+    The training path only: no KV cache, attention_mask or generate (use the dense GPT)."""
 
     def __init__(self, cfg: GPTConfig, group=None, *, sequence_parallel: bool = False, pad_vocab: bool = True):
         super().__init__()
