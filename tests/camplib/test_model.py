@@ -164,3 +164,14 @@ def test_import_camplib_is_light():
     code = ("import sys, camplib; assert 'torch' not in sys.modules; camplib.model.GPT; "
             "assert 'transformers' not in sys.modules, 'transformers imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_model_knows_nothing_of_hf_or_generation():
+    """camplib.hf and camplib.generate depend on the model, never the other way round."""
+    import ast
+    import camplib.model
+    tree = ast.parse(open(camplib.model.__file__).read())
+    used = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    used |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {m for m in used if m.split(".")[0] == "transformers" or m in ("camplib.hf", "camplib.generate")}, used
+    assert not any(hasattr(GPT, name) for name in ("from_hf", "to_hf", "generate"))
