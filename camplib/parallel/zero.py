@@ -23,8 +23,8 @@ copies into N shards, one per rank, in three stages:
 
 Everything runs on flat buffers: a unit's parameters (a bucket for stages 0-2, a module for
 stage 3) are laid end to end, padded to a multiple of N, and the model's parameters become views
-of that buffer, so "rank r owns elements
-[r*S, (r+1)*S)" is a single slice and every collective is one call. `stage=0` is plain data
+of that buffer, so "rank r owns elements [r*S, (r+1)*S)" is a single slice and every collective
+is one call. `stage=0` is plain data
 parallelism (all-reduce, full optimizer) on the same code, the baseline of the comparisons.
 Communication per step and rank: stages 0-2 send 2(N-1)/N * Ψ elements, stage 3 3(N-1)/N * Ψ.
 """
