@@ -2,7 +2,7 @@
 against dist.all_reduce, side by side on the same ranks in one run (gloo on CPU by default).
 
 1. Step time (forward, backward, gradient sync, SGD step) of the same GPT (a few M parameters)
-   wrapped by camplib.parallel.DataParallel and by DDP, same bucket size (25 MB), blocks of
+   wrapped by camplib.parallel.DataParallel and by DDP, same bucket size (4 MB), blocks of
    steps alternating between the two so that noise from other processes hits both alike.
    Goal: ratio camplib / DDP <= 1.15.
 2. One all-reduce of 1, 4, 16 and 64 MB: camplib.dist.ring.ring_all_reduce (sends and receives
@@ -90,7 +90,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--bucket-mb", type=float, default=4.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     args = parser.parse_args()

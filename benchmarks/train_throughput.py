@@ -69,14 +69,14 @@ def main():
 
     import transformers
 
-    from camplib.model import GPT
+    from camplib.hf import from_hf
 
     torch.manual_seed(0)
     hf_cfg = transformers.GPT2Config(vocab_size=256, n_positions=args.seq, n_embd=256, n_layer=4, n_head=4,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None,
                                      attn_implementation=args.attn)
     hf = transformers.GPT2LMHeadModel(hf_cfg).train()
-    ours = GPT.from_hf(hf).train()  # same weights, copied (the two models train independently)
+    ours = from_hf(hf).train()  # same weights, copied (the two models train independently)
     data = stdlib_bytes(2_000_000)
     print(f"GPT-2 style, {ours.num_parameters() / 1e6:.2f}M parameters; batch {args.batch} x seq {args.seq}, "
           f"{args.warmup} warm-up + {args.steps} timed AdamW steps, {args.threads} thread(s), HF attention "
@@ -86,7 +86,7 @@ def main():
     first_losses = {}
     for r in range(args.repeats):  # fresh copies each run, so every run trains from the same start
         for name in runs:
-            model = GPT.from_hf(hf).train() if name == "camplib" else transformers.GPT2LMHeadModel(hf_cfg)
+            model = from_hf(hf).train() if name == "camplib" else transformers.GPT2LMHeadModel(hf_cfg)
             if name == "transformers":
                 model.load_state_dict(hf.state_dict())
                 model.train()

@@ -8,8 +8,9 @@ style decoder), `hf` (weights exchanged with Hugging Face `transformers`), `toke
 `optim`, `schedule`, `checkpoint` and `trainer` (the training loop), `generate` (sampling),
 `amp` (loss scaling, fp32 master weights, fp16/bf16 ranges), `memory` (bytes of parameters,
 gradients, optimizer state and activations), `checkpointing` (activation checkpointing),
-`fused` (LayerNorm+GELU through torch.compile), `dist` (running N ranks, ring collectives from
-send/recv, bytes measured) and `parallel` (training on many ranks: data parallelism with
+`fused` (LayerNorm+GELU through torch.compile), `dist` (running N ranks, and `on_ranks`, the one
+way to run a function on them and collect plain data; ring collectives from send/recv, bytes
+measured) and `parallel` (training on many ranks: data parallelism with
 bucketed all-reduce launched from autograd hooks, ZeRO stages 1-3, compressed all-reduce).
 
 Importing `camplib` imports nothing heavy: submodules are loaded when first used, so

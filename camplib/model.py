@@ -1,9 +1,12 @@
 """A GPT-2 / Llama style decoder-only transformer in one readable file (after nanoGPT).
 
 One `GPTConfig` covers both families; the switches are the norm (LayerNorm / RMSNorm), the MLP
-(GELU / SwiGLU), positions (learned table / RoPE), biases and weight tying. `camplib.hf` maps
-GPT2LMHeadModel and LlamaForCausalLM weights onto this model and back, which is how the course
-proves the code right: same weights in, same logits out.
+(GELU / SwiGLU), positions (learned table / RoPE), biases and weight tying.
+
+The model knows nothing of its neighbours: `camplib.hf.from_hf` / `to_hf` map GPT2LMHeadModel
+and LlamaForCausalLM weights onto it and back (how the course proves it right: same weights in,
+same logits out), and `camplib.generate.generate` decodes from it (greedy, sampling, KV cache,
+left padding). They depend on the model, never the other way round.
 """
 from __future__ import annotations
 
@@ -234,37 +237,6 @@ class GPT(nn.Module):
         cfg, p = self.config, self.tok_emb.weight
         return [KVCache(batch, cfg.kv_heads, max_len or cfg.max_seq_len, cfg.head_dim,
                         dtype=p.dtype, device=p.device) for _ in range(cfg.n_layer)]
-
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, use_cache: bool = True) -> torch.Tensor:
-        """Greedy decoding: append the argmax token max_new_tokens times; returns (B, T + new).
-
-        With use_cache the prompt is run once (prefill) and each later step feeds only the
-        newest token, reusing cached keys/values; without it every step reruns the whole
-        sequence. Both give the same tokens. Call model.eval() first if it has dropout.
-        """
-        B, T = idx.shape
-        if T + max_new_tokens > self.config.max_seq_len:
-            raise ValueError(f"{T} + {max_new_tokens} tokens exceed max_seq_len={self.config.max_seq_len}")
-        caches = self.new_caches(B, T + max_new_tokens) if use_cache else None
-        logits, _ = self(idx, caches=caches)
-        for step in range(max_new_tokens):
-            next_tok = logits[:, -1].argmax(dim=-1, keepdim=True)
-            idx = torch.cat([idx, next_tok], dim=1)
-            if step + 1 < max_new_tokens:
-                logits, _ = self(next_tok, caches=caches) if use_cache else self(idx)
-        return idx
-
-    @classmethod
-    def from_hf(cls, hf_model) -> "GPT":
-        """Copy a transformers GPT2LMHeadModel or LlamaForCausalLM into a new GPT (camplib.hf)."""
-        from camplib.hf import from_hf
-        return from_hf(hf_model)
-
-    def to_hf(self):
-        """This model as a transformers GPT2LMHeadModel or LlamaForCausalLM (camplib.hf)."""
-        from camplib.hf import to_hf
-        return to_hf(self)
 
 
 def count_parameters(cfg: GPTConfig, exclude_embeddings: bool = False) -> int:

@@ -1,18 +1,28 @@
 """camplib.parallel: training one model on many ranks.
 
+Library (what a finished lab leaves behind):
 - `data_parallel`: `DataParallel` (broadcast rank 0's weights, all-reduce gradients in buckets
-  launched from autograd hooks as they become ready, average once), its timeline of compute vs
-  communication, and `train_on_ranks` (train on N ranks, compare with one process).
-- `model_specs`: models described by plain dicts (MLP, GPT), rebuilt identically on every rank.
-- `train_ranks`: the single-process reference behind `train_on_ranks`, and `run_on_module`
-  (call a function on every rank's own model: a broadcast, say).
-- `zero`, `zero_memory`, `zero_run`: ZeRO stages 1-3 (lab a02).
-- `tensor`, `tensor_comm`, `tensor_model`: Megatron tensor and sequence parallelism, camplib's GPT split over ranks (lab a03).
+  launched from autograd hooks as they become ready, average once) and its timeline of compute
+  vs communication (lab b06).
+- `zero`, `zero_memory`: ZeRO stages 1-3 on flat buffers, and the bytes a rank holds: the
+  paper's formula and a measurement (lab a02).
+- `tensor`, `tensor_comm`: Megatron tensor and sequence parallelism (layers; the collectives in
+  their own small file) (lab a03).
 - `compression`: fp16/int8 quantized ring all-reduce, top-k with error feedback (lab a02).
+- `model_specs`: models described by plain dicts (MLP, GPT), rebuilt identically on every rank.
+- `reference`: one process on the full batch, the answer N ranks must reproduce, and the one
+  data format of every run ({"x": (steps, B, ...), "y": ...}).
+
+Runners (tests, benchmarks, graders and lab demos; each a rank function plus one call of
+camplib.dist.on_ranks; the library modules above never import them):
+- `train_ranks`: `train_on_ranks` (a data-parallel wrapper on N ranks) and `run_on_module`.
+- `zero_run`: `train_zero_on_ranks`, `train_optimizer_on_ranks`, `gradient_shards_on_ranks`.
+- `compression_run`: `compression_loss_curves`.
+- `tensor_model`: `TensorParallelGPT` (camplib's GPT split over ranks) and `run_split_gpt`.
 
 No functions are defined here (the lab grader watches this package's own names): import from
 the modules.
 """
-from .data_parallel import DataParallel, train_on_ranks, train_reference
+from .data_parallel import DataParallel
 
-__all__ = ["DataParallel", "train_on_ranks", "train_reference"]
+__all__ = ["DataParallel"]

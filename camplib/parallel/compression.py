@@ -12,20 +12,17 @@
   sent as the residual, added to the next step's gradient. Nothing is lost, only delayed: the sum
   of what was sent over T steps equals the sum of the true gradients minus the current residual.
 
-`compression_loss_curves` trains the same small model with each method on N ranks and returns
-the loss curves and the bytes each rank sent per step, for the lab's plot.
+`camplib.parallel.compression_run.compression_loss_curves` trains the same small model with each
+method on N ranks (the lab's plot); this module does not import it.
 """
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from camplib.dist.counting import count_bytes
-from camplib.dist.launch import launch
 from camplib.dist.ring import exchange, ring_all_gather, ring_neighbours
 
 __all__ = ["quantize_int8", "dequantize_int8", "compressed_all_reduce", "topk_error_feedback",
-           "sparse_all_reduce", "compression_loss_curves"]
+           "sparse_all_reduce"]
 
 
 def quantize_int8(x: torch.Tensor, block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,59 +105,3 @@ def sparse_all_reduce(update: torch.Tensor, k: int, group=None) -> torch.Tensor:
     out = torch.zeros_like(flat)
     out.index_add_(0, all_idx.long(), all_val)
     return out.view_as(update)
-
-
-def _curves_rank(rank, world_size, methods, sizes, data, steps, lr, topk_ratio, block):
-    from .model_specs import batch_loss, build_model
-    from .zero_run import quiet_rank
-    quiet_rank()
-    spec = {"kind": "mlp", "sizes": sizes, "seed": 0}
-    losses, sent = {}, {}
-    with count_bytes() as counter:
-        for method in methods:
-            model = build_model(spec)
-            params = list(model.parameters())
-            opt = torch.optim.SGD(params, lr=lr, momentum=0.9)
-            numel = sum(p.numel() for p in params)
-            residual, k = torch.zeros(numel), max(1, int(topk_ratio * numel))
-            losses[method], method_sent = [], 0
-            for s in range(steps):
-                x, y = (data[key][s].chunk(world_size)[rank] for key in ("x", "y"))
-                opt.zero_grad()
-                loss = batch_loss(model, spec, x, y)
-                loss.backward()
-                flat = torch.cat([p.grad.reshape(-1) for p in params])
-                sent_before = counter.sent
-                if method == "topk":
-                    update, residual = topk_error_feedback(flat, residual, k)
-                    flat = sparse_all_reduce(update, k)
-                else:
-                    compressed_all_reduce(flat, method, block)
-                method_sent += counter.sent - sent_before
-                flat /= world_size
-                offset = 0
-                for p in params:
-                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-                    offset += p.numel()
-                opt.step()
-                total = loss.detach().reshape(1).clone()
-                dist.all_reduce(total)        # the curve is the full batch's loss
-                losses[method].append(total.item() / world_size)
-            sent[method] = method_sent / steps
-    return {"losses": losses, "bytes_per_step": sent, "n_params": numel}
-
-
-def compression_loss_curves(world_size: int, sizes: list[int], steps: int, batch: int = 32, lr: float = 0.05,
-                            methods=("none", "fp16", "int8", "topk"), topk_ratio: float = 0.01, block: int = 256,
-                            seed: int = 0, timeout: float = 120.0) -> dict:
-    """Train an MLP (`sizes`) to fit a fixed random teacher, data-parallel on `world_size` ranks,
-    once per gradient compression method (SGD, momentum 0.9). Returns {"losses": {method:
-    [full-batch loss per step]}, "bytes_per_step": {method: bytes rank 0 sent per step},
-    "n_params": Ψ}. "none" is the uncompressed fp32 ring all-reduce."""
-    g = torch.Generator().manual_seed(seed)
-    teacher = torch.randn(sizes[0], sizes[-1], generator=g) / sizes[0] ** 0.5
-    x = torch.randn(steps, batch, sizes[0], generator=g)
-    data = {"x": x, "y": x @ teacher}
-    ranks = launch(_curves_rank, world_size, tuple(methods), list(sizes), data, steps, lr, topk_ratio, block,
-                   backend="gloo", timeout=timeout)
-    return ranks[0]

@@ -7,17 +7,24 @@ copies into N shards, one per rank, in three stages:
 - stage 1: the optimizer state (fp32 master, exp_avg, exp_avg_sq). Gradients are
   reduce-scattered, each rank steps AdamW on its shard only, then the updated shards are
   all-gathered back into the full parameters: AFTER the step, or the update is lost.
-- stage 2: + the gradients. A rank keeps only its gradient shard: each unit's full gradients
-  are reduce-scattered as soon as backward has produced all of them (a
-  post-accumulate-grad hook per parameter) and freed right away.
+- stage 2: + the gradients. A rank keeps only its gradient shard. The parameters are cut into
+  buckets of about `bucket_mb` MB in reverse order (backward produces the last layers'
+  gradients first); as soon as backward has produced every gradient of a bucket (a
+  post-accumulate-grad hook per parameter) the bucket is reduce-scattered into the shard and
+  its full gradients are freed. During backward a rank so holds its gradient shard, the
+  gradients of the buckets still being filled (with gradients in reverse order: one bucket,
+  at most bucket_mb + one parameter) and, during a reduce-scatter, one flat copy of that
+  bucket: not the full gradients (measured: tests/camplib/parallel/test_zero.py).
+  A bucket bigger than the model means one bucket: the full gradients, once, at the end.
 - stage 3: + the parameters. A rank keeps its parameter shard; a unit (a transformer block, a
   layer) is all-gathered just before its forward and again before its backward, and freed
   after each (module and tensor hooks). Parameters outside the units (embeddings, tied head)
   form a root unit gathered for the whole forward and backward.
 
-Everything runs on flat buffers: a unit's parameters are laid end to end, padded to a multiple
-of N, and the model's parameters become views of that buffer, so "rank r owns elements
-[r*S, (r+1)*S)" is a single slice and every collective is one call. `stage=0` is plain data
+Everything runs on flat buffers: a unit's parameters (a bucket for stages 0-2, a module for
+stage 3) are laid end to end, padded to a multiple of N, and the model's parameters become views
+of that buffer, so "rank r owns elements [r*S, (r+1)*S)" is a single slice and every collective
+is one call. `stage=0` is plain data
 parallelism (all-reduce, full optimizer) on the same code, the baseline of the comparisons.
 Communication per step and rank: stages 0-2 send 2(N-1)/N * Ψ elements, stage 3 3(N-1)/N * Ψ.
 """
@@ -29,6 +36,8 @@ from torch import nn
 
 from camplib.dist.ring import TorchCollectives
 from camplib.optim import AdamW
+
+from .data_parallel import make_buckets
 
 __all__ = ["FlatUnit", "ZeroAdamW", "default_units"]
 
@@ -107,29 +116,38 @@ class ZeroAdamW:
 
     Build it after the model is on its device and in its dtype, on every rank with the same
     initial weights. Train with `opt.zero_grad(); loss.backward(); opt.step()`. The optimizer
-    works in `master_dtype` (fp32): with bf16/fp16 parameters each rank keeps an fp32 master
-    copy of its shard (mixed precision, K = 12 bytes of state per parameter); with fp32
-    parameters the shard of the parameters is its own master (K = 8).
+    steps master weights in `master_dtype`; None (the default) means the parameters' own dtype
+    when it is fp32 or wider, else fp32. So bf16/fp16 parameters get an fp32 master copy of the
+    shard (mixed precision, K = 12 bytes of state per parameter), while fp32 (or fp64)
+    parameters are their own master (K = 8, or 16 in fp64): the shard of the parameters is
+    stepped in place. `bucket_mb`: the size of the gradient buckets of stages 0-2 (stage 3
+    gathers and reduces module by module, see `units`).
     """
 
     def __init__(self, model: nn.Module, stage: int, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, collectives=None, group=None, master_dtype=torch.float32,
-                 units: list[nn.Module] | None = None):
+                 weight_decay: float = 1e-2, collectives=None, group=None, master_dtype: torch.dtype | None = None,
+                 units: list[nn.Module] | None = None, bucket_mb: float = 25.0):
         if stage not in (0, 1, 2, 3):
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
         self.model, self.stage = model, stage
         self.collectives = collectives or TorchCollectives(group)
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
-        modules = (units if units is not None else default_units(model)) if stage == 3 else []
-        self.units, owned = [], set()
-        for module in modules:
-            params = [p for p in module.parameters() if p.requires_grad and p not in owned]
-            owned.update(params)
-            if params:
-                self.units.append((module, self._new_unit(params)))
-        rest = [p for p in model.parameters() if p.requires_grad and p not in owned]
-        self.root = self._new_unit(rest) if rest else None
-        self.flat_units = [u for _, u in self.units] + ([self.root] if self.root else [])
+        self.master_dtype = master_dtype
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.units, self.root = [], None      # stage 3: (module, unit) pairs and the rest
+        if stage == 3:
+            owned = set()
+            for module in (units if units is not None else default_units(model)):
+                params = [p for p in module.parameters() if p.requires_grad and p not in owned]
+                owned.update(params)
+                if params:
+                    self.units.append((module, self._new_unit(params)))
+            rest = [p for p in trainable if p not in owned]
+            self.root = self._new_unit(rest) if rest else None
+            self.flat_units = [u for _, u in self.units] + ([self.root] if self.root else [])
+        else:                 # buckets, in the order backward produces the gradients
+            buckets = make_buckets(trainable[::-1], int(bucket_mb * 2**20))
+            self.flat_units = [self._new_unit(b.params) for b in buckets]
         self.masters = [self._new_master(u) for u in self.flat_units]
         self.optimizer = AdamW(self.masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.grad_full = self.grad_shards = None
@@ -158,9 +176,10 @@ class ZeroAdamW:
             unit.shard = own.detach().clone()
         else:
             unit.shard = own               # a view: stepping it updates the model in place
-        if unit.full.dtype == torch.float32:
+        dtype = self.master_dtype or torch.promote_types(unit.full.dtype, torch.float32)
+        if unit.full.dtype == dtype:
             return nn.Parameter(unit.shard, requires_grad=False)   # shares storage with the shard
-        return nn.Parameter(unit.shard.detach().to(torch.float32), requires_grad=False)
+        return nn.Parameter(unit.shard.detach().to(dtype), requires_grad=False)
 
     # -- stage 2/3: reduce-scatter each unit as soon as its gradients are complete -----------
     def _grad_ready(self, index: int) -> None:

@@ -15,6 +15,7 @@ from camplib.generate import (
     top_k_filter,
     top_p_filter,
 )
+from camplib.hf import from_hf
 from camplib.model import GPT, GPTConfig
 
 # Processors are compared exactly: same sort, same comparisons, so the same tokens are masked and
@@ -196,7 +197,7 @@ def test_greedy_with_cache_equals_without(name):
 def test_greedy_matches_transformers_generate_with_left_padding(name):
     from tests.camplib.test_hf_exchange import hf_gpt2, hf_llama, randomize_norms
     hf = randomize_norms(hf_gpt2() if name == "gpt2" else hf_llama())
-    ours = GPT.from_hf(hf)
+    ours = from_hf(hf)
     g = torch.Generator().manual_seed(3)
     idx, mask = left_pad([torch.randint(1, VOCAB, (n,), generator=g) for n in (4, 9, 6)])
     expected = hf.generate(idx, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0)
@@ -213,7 +214,7 @@ def test_forward_with_positions_and_padding_mask_matches_transformers(name):
     sees distances, so a constant shift would not show a mistake)."""
     from tests.camplib.test_hf_exchange import hf_gpt2, hf_llama, randomize_norms
     hf = randomize_norms(hf_gpt2() if name == "gpt2" else hf_llama())
-    ours = GPT.from_hf(hf)
+    ours = from_hf(hf)
     g = torch.Generator().manual_seed(8)
     idx = torch.randint(0, VOCAB, (2, 8), generator=g)
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])

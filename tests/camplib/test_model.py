@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from autograder.checks import check_close
 from camplib.device import autocast_dtype, pick_device, seed_everything
+from camplib.generate import generate
 from camplib.model import GPT, GPTConfig, RMSNorm, count_parameters
 
 # (atol, rtol) per dtype for every comparison in this file
@@ -93,11 +94,13 @@ def test_causality_and_cached_forward(name):
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_greedy_generate_cache_equals_no_cache(name):
+    """The KV cache of every model variant: camplib.generate's greedy decoding gives the same
+    tokens with and without it."""
     cfg = CONFIGS[name]
     model = tiny_model(cfg, seed=1, std=0.1)
     prompt = torch.randint(0, cfg.vocab_size, (2, 6))
-    with_cache = model.generate(prompt, max_new_tokens=20)
-    without = model.generate(prompt, max_new_tokens=20, use_cache=False)
+    with_cache = generate(model, prompt, 20)
+    without = generate(model, prompt, 20, use_cache=False)
     assert with_cache.shape == (2, 26) and torch.equal(with_cache[:, :6], prompt)
     assert torch.equal(with_cache, without)
     # and it is greedy: each new token is the argmax of a full forward pass over its prefix
@@ -105,7 +108,7 @@ def test_greedy_generate_cache_equals_no_cache(name):
     assert torch.equal(logits[:, 5:].argmax(-1), with_cache[:, 6:])
     assert len(with_cache[0, 6:].unique()) > 1  # not a degenerate constant continuation
     with pytest.raises(ValueError):
-        model.generate(prompt, max_new_tokens=cfg.max_seq_len)
+        generate(model, prompt, cfg.max_seq_len)
 
 
 @pytest.mark.parity
@@ -161,3 +164,14 @@ def test_import_camplib_is_light():
     code = ("import sys, camplib; assert 'torch' not in sys.modules; camplib.model.GPT; "
             "assert 'transformers' not in sys.modules, 'transformers imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_model_knows_nothing_of_hf_or_generation():
+    """camplib.hf and camplib.generate depend on the model, never the other way round."""
+    import ast
+    import camplib.model
+    tree = ast.parse(open(camplib.model.__file__).read())
+    used = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    used |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {m for m in used if m.split(".")[0] == "transformers" or m in ("camplib.hf", "camplib.generate")}, used
+    assert not any(hasattr(GPT, name) for name in ("from_hf", "to_hf", "generate"))

@@ -8,12 +8,12 @@ from camplib.dist.counting import count_bytes
 from camplib.dist.ring import ring_all_reduce
 from camplib.parallel.compression import (
     compressed_all_reduce,
-    compression_loss_curves,
     dequantize_int8,
     quantize_int8,
     sparse_all_reduce,
     topk_error_feedback,
 )
+from camplib.parallel.compression_run import compression_loss_curves
 
 
 def test_int8_absmax_round_trip_error_is_at_most_half_a_step():

@@ -11,13 +11,9 @@ import pytest
 import torch
 
 from camplib.dist.ring import RingCollectives
-from camplib.parallel.data_parallel import (
-    DataParallel,
-    build_model,
-    make_buckets,
-    train_on_ranks,
-    train_reference,
-)
+from camplib.parallel.data_parallel import DataParallel, make_buckets
+from camplib.parallel.model_specs import build_model
+from camplib.parallel.train_ranks import train_on_ranks, train_reference
 
 ATOL, RTOL = 1e-6, 0.0
 MLP = {"kind": "mlp", "sizes": [8, 32, 32, 4]}

@@ -4,13 +4,9 @@ import pytest
 import torch
 
 from camplib.parallel.zero_memory import PRECISIONS, zero_memory_formula
-from camplib.parallel.zero_run import (
-    build_model,
-    make_data,
-    reference_adamw_run,
-    train_optimizer_on_ranks,
-    train_zero_on_ranks,
-)
+from camplib.parallel.model_specs import build_model
+from camplib.parallel.reference import make_data, reference_run
+from camplib.parallel.zero_run import train_optimizer_on_ranks, train_zero_on_ranks
 
 HYPER = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
 MLP = {"kind": "mlp", "sizes": [8, 32, 32, 4], "seed": 3}
@@ -38,10 +34,10 @@ def _assert_matches(out, ref, what):
 def test_each_stage_equals_single_process_adamw_on_the_full_batch(stage):
     steps = 4
     data = make_data(MLP, steps, batch=8, seed=stage)
-    ref = reference_adamw_run(MLP, data, steps, HYPER)
+    ref = reference_run(MLP, data, steps, "adamw", HYPER)
     out = train_zero_on_ranks(stage, 2, MLP, data, steps, HYPER)
     _assert_matches(out, ref, f"ZeRO-{stage}, MLP, 2 ranks")
-    assert _max_param_diff(ref["params"], reference_adamw_run(MLP, data, 0, HYPER)["params"]) > 1e-3  # it trained
+    assert _max_param_diff(ref["params"], reference_run(MLP, data, 0, "adamw", HYPER)["params"]) > 1e-3  # it trained
 
 
 @pytest.mark.parity
@@ -50,7 +46,7 @@ def test_gpt_with_tied_embeddings_stages_2_and_3(stage):
     """Blocks are stage 3's units; embeddings and the tied head form the root unit."""
     steps = 3
     data = make_data(GPT, steps, batch=4, seed=7, seq_len=8)
-    ref = reference_adamw_run(GPT, data, steps, HYPER)
+    ref = reference_run(GPT, data, steps, "adamw", HYPER)
     out = train_zero_on_ranks(stage, 2, GPT, data, steps, HYPER)
     _assert_matches(out, ref, f"ZeRO-{stage}, tied GPT, 2 ranks")
 
@@ -96,7 +92,7 @@ MEMORY_MLP = {"kind": "mlp", "sizes": [64, 256, 256, 64], "seed": 0}
 
 
 def _check_memory(out, stage, world_size, precision):
-    formula = zero_memory_formula(out["n_params"], world_size, stage, *PRECISIONS[precision])
+    formula = zero_memory_formula(out["n_params"][0], world_size, stage, *PRECISIONS[precision])
     for rank, held in enumerate(out["memory"]):
         for part in ("params", "grads", "optimizer", "total"):
             ratio = held[part] / formula[part]
@@ -128,12 +124,58 @@ def test_communication_per_step_is_2_psi_for_stages_0_to_2_and_3_psi_for_stage_3
     all-gather before forward and again before backward, plus the reduce-scatter)."""
     data = make_data(MLP, 2, batch=8)
     sent = {stage: train_zero_on_ranks(stage, 2, MLP, data, 2, HYPER, ring=True) for stage in range(4)}
-    psi = sent[0]["n_params"]
+    psi = sent[0]["n_params"][0]
     for stage, out in sent.items():
         passes = 3 if stage == 3 else 2
-        for rank_bytes in out["bytes_sent"]:
+        for rank_bytes in out["bytes_per_step"]:
             for step_bytes in rank_bytes:   # padding: at most N-1 elements per unit (3 Linear units)
                 assert passes * psi * 4 / 2 <= step_bytes <= passes * (psi + 3) * 4 / 2, (stage, step_bytes, psi)
-    ratio = sent[3]["bytes_sent"][0][0] / sent[1]["bytes_sent"][0][0]
+    ratio = sent[3]["bytes_per_step"][0][0] / sent[1]["bytes_per_step"][0][0]
     assert abs(ratio - 1.5) < 0.01, ratio
-    assert sent[2]["bytes_sent"][0][0] == sent[1]["bytes_sent"][0][0] == sent[0]["bytes_sent"][0][0]
+    assert sent[2]["bytes_per_step"][0][0] == sent[1]["bytes_per_step"][0][0] == sent[0]["bytes_per_step"][0][0]
+
+
+@pytest.mark.parity
+def test_fp64_model_gets_fp64_masters_and_mixed_precision_fp32_masters():
+    """master_dtype=None keeps the parameters' dtype when it is fp32 or wider: an fp64 model
+    trains in fp64 (equal to single-process fp64 AdamW to 1e-12; fp32 masters would miss by
+    ~1e-7), bf16 parameters get fp32 masters."""
+    spec = dict(MLP, dtype="float64")
+    data = make_data(spec, 3, batch=8, seed=5)
+    ref = reference_run(spec, data, 3, "adamw", HYPER)
+    for stage in (1, 2, 3):
+        out = train_zero_on_ranks(stage, 2, spec, data, 3, HYPER)
+        assert out["master_dtypes"] == [["float64"]] * 2, (stage, out["master_dtypes"])
+        for rank, params in enumerate(out["params"]):
+            for name, expected in ref["params"].items():
+                assert params[name].dtype == torch.float64, (stage, rank, name, params[name].dtype)
+                torch.testing.assert_close(params[name], expected, atol=1e-12, rtol=1e-10,
+                                           msg=lambda m: f"fp64 ZeRO-{stage}, rank {rank}, {name}: {m}")
+    mixed = train_zero_on_ranks(2, 2, dict(MLP, dtype="bfloat16"), make_data(MLP, 1, batch=8), 1, HYPER)
+    assert mixed["master_dtypes"] == [["float32"]] * 2, mixed["master_dtypes"]
+
+
+# 8 equal layers of 64x64 (+ bias): 16,640 bytes each in fp32, 133,120 in all. Buckets of 16 KiB
+# close after one layer (weight + bias), so ZeRO-2 holds one layer's gradients at a time.
+DEEP_MLP = {"kind": "mlp", "sizes": [64] * 9, "seed": 0}
+LAYER_BYTES = (64 * 64 + 64) * 4
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_zero2_peak_gradient_memory_is_the_shard_plus_one_bucket(world_size):
+    """Measured from outside the optimizer during backward (every .grad and gradient buffer,
+    right after each gradient is accumulated): ZeRO-2 holds at most its gradient shard (Ψ/N)
+    plus one bucket of full gradients; ZeRO-1 holds the full gradients (Ψ). Keeping every full
+    gradient until the end of backward would fail the first bound by ~Ψ/2."""
+    data = make_data(DEEP_MLP, 1, batch=8)
+    hyper = dict(HYPER, bucket_mb=16 / 1024)
+    full = sum(p.numel() for p in build_model(DEEP_MLP).parameters()) * 4
+    shard = full / world_size
+    stage2 = train_zero_on_ranks(2, world_size, DEEP_MLP, data, 1, hyper)["peak_grad_bytes"]
+    for rank, peak in enumerate(stage2):
+        bound = shard + LAYER_BYTES + 4 * world_size * 8    # + padding: N-1 elements per bucket
+        assert peak <= bound, (f"ZeRO-2, N={world_size}, rank {rank}: {peak} bytes of gradients held at the "
+                               f"peak, more than the shard ({shard:.0f}) + one bucket ({LAYER_BYTES}); full: {full}")
+        assert peak >= shard + LAYER_BYTES, (world_size, rank, peak)   # it did hold a bucket's full gradients
+    stage1 = train_zero_on_ranks(1, world_size, DEEP_MLP, data, 1, hyper)["peak_grad_bytes"]
+    assert all(peak >= full for peak in stage1), stage1
