@@ -6,8 +6,8 @@ Library (what a finished lab leaves behind):
   vs communication (lab b06).
 - `zero`, `zero_memory`: ZeRO stages 1-3 on flat buffers, and the bytes a rank holds: the
   paper's formula and a measurement (lab a02).
-- `tensor`, `tensor_comm`: Megatron tensor and sequence parallelism (layers; the collectives in
-  their own small file) (lab a03).
+- `tensor`, `tensor_comm`, `tensor_model`: Megatron tensor and sequence parallelism (layers, the
+  collectives in their own small file, camplib's GPT split over ranks: `TensorParallelGPT`) (lab a03).
 - `compression`: fp16/int8 quantized ring all-reduce, top-k with error feedback (lab a02).
 - `model_specs`: models described by plain dicts (MLP, GPT), rebuilt identically on every rank.
 - `reference`: one process on the full batch, the answer N ranks must reproduce, and the one
@@ -18,7 +18,7 @@ camplib.dist.on_ranks; the library modules above never import them):
 - `train_ranks`: `train_on_ranks` (a data-parallel wrapper on N ranks) and `run_on_module`.
 - `zero_run`: `train_zero_on_ranks`, `train_optimizer_on_ranks`, `gradient_shards_on_ranks`.
 - `compression_run`: `compression_loss_curves`.
-- `tensor_model`: `TensorParallelGPT` (camplib's GPT split over ranks) and `run_split_gpt`.
+- `tensor_run`: `run_split_gpt` (the split GPT's logits, loss and gradients, joined back).
 
 No functions are defined here (the lab grader watches this package's own names): import from
 the modules.

@@ -32,7 +32,7 @@ from camplib.parallel.tensor import (
 from camplib.parallel.tensor_comm import gather_from_tp, tp_rank, tp_size
 from camplib.rope import RotaryEmbedding
 
-__all__ = ["TensorParallelBlock", "TensorParallelGPT", "check_tp_config", "run_split_gpt", "split_gpt_rank"]
+__all__ = ["TensorParallelBlock", "TensorParallelGPT", "check_tp_config"]
 
 
 def check_tp_config(cfg: GPTConfig, t: int, *, sequence_parallel: bool = False, pad_vocab: bool = True,
@@ -157,42 +157,3 @@ class TensorParallelGPT(nn.Module):
     def sync_grads(self) -> int:
         """After backward with sequence parallelism: sum the sequence-parallel gradients."""
         return sync_sequence_parallel_grads(self, self.group) if self.sequence_parallel else 0
-
-
-# -- running the split model on ranks -------------------------------------------------------------
-def split_gpt_rank(rank: int, t: int, cases: list[dict], idx: torch.Tensor, targets: torch.Tensor) -> list[dict]:
-    """A rank function (for camplib.dist.launch): for each case {"model": dense GPT,
-    "sequence_parallel": bool} load this rank's shards of the dense model, run forward and
-    backward on (idx, targets), and return the full logits, the loss, this rank's gradients and
-    the shard layout. The dense models reach the ranks by fork, unpickled."""
-    out = []
-    for case in cases:
-        model = TensorParallelGPT.from_dense(case["model"], sequence_parallel=case.get("sequence_parallel", False))
-        logits, loss = model(idx, targets)
-        loss.backward()
-        model.sync_grads()
-        out.append({"logits": model.full_logits(logits.detach()), "loss": loss.detach(),
-                    "grads": {n: p.grad for n, p in model.named_parameters()}, "layout": model.shard_layout()})
-    return out
-
-
-def run_split_gpt(t: int, cases: list[dict], idx: torch.Tensor, targets: torch.Tensor, *,
-                  backend: str = "gloo", timeout: float = 60.0) -> list[dict]:
-    """Run `split_gpt_rank` on t ranks; per case: "logits" and "loss" of every rank (lists),
-    "grads" joined back into the dense model's shapes, and "replicated" (per rank: the gradients
-    of the parameters every rank holds whole, which must all be equal)."""
-    from camplib.dist import launch
-    from camplib.parallel.tensor import unshard
-
-    ranks = launch(split_gpt_rank, t, cases, idx, targets, backend=backend, timeout=timeout)
-    results = []
-    for i in range(len(cases)):
-        per_rank = [r[i] for r in ranks]
-        layout = per_rank[0]["layout"]
-        results.append({
-            "logits": [r["logits"] for r in per_rank], "loss": [r["loss"] for r in per_rank],
-            "grads": {n: unshard([r["grads"][n] for r in per_rank], s) for n, s in layout.items()},
-            "replicated": [{n: r["grads"][n] for n, s in layout.items() if s.dim is None} for r in per_rank],
-            "layout": layout,
-        })
-    return results

@@ -169,6 +169,7 @@ def test_import_camplib_is_light():
 def test_the_model_knows_nothing_of_hf_or_generation():
     """camplib.hf and camplib.generate depend on the model, never the other way round."""
     import ast
+
     import camplib.model
     tree = ast.parse(open(camplib.model.__file__).read())
     used = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

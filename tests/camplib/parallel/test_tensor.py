@@ -26,11 +26,8 @@ from camplib.parallel.tensor import (
     unshard,
     vocab_parallel_cross_entropy,
 )
-from camplib.parallel.tensor_model import (
-    TensorParallelGPT,
-    check_tp_config,
-    run_split_gpt,
-)
+from camplib.parallel.tensor_model import TensorParallelGPT, check_tp_config
+from camplib.parallel.tensor_run import run_split_gpt
 from tests.support import assert_close
 
 TOL = {"float64": {"atol": 1e-12, "rtol": 1e-10}, "float32": {"atol": 1e-6, "rtol": 1e-5}}

@@ -3,9 +3,9 @@ torch's ZeroRedundancyOptimizer, hold the bytes of the paper's formula, and send
 import pytest
 import torch
 
-from camplib.parallel.zero_memory import PRECISIONS, zero_memory_formula
 from camplib.parallel.model_specs import build_model
 from camplib.parallel.reference import make_data, reference_run
+from camplib.parallel.zero_memory import PRECISIONS, zero_memory_formula
 from camplib.parallel.zero_run import train_optimizer_on_ranks, train_zero_on_ranks
 
 HYPER = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
