@@ -31,7 +31,7 @@ from .lab_server import LabServer
 
 ROOT = repo_root()
 LAB, LAB_NAME, STUDENT = "b01", "b01_attention", "ada"
-TOTAL_BUDGET_S = 240
+TOTAL_BUDGET_S = 300   # fail rather than hang (each browser step also has its own timeout)
 # JupyterLab settings for the test's own (temporary) settings folder: every cell in the DOM, so the
 # test can read every prompt (the default attaches only what is on screen); no news prompt.
 LAB_SETTINGS = {"@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
