@@ -1,11 +1,13 @@
 """`make lab` in a real browser, as a student and as an instructor would use it.
 
 One test, in the order a person goes: the ladder is printed and JupyterLab opens; a solved b01
-runs top to bottom (menu Run > Run All Cells) and its attention widget renders; nbgrader's
-Validate button says it passes; `camp` answers in a JupyterLab terminal; meanwhile `camp grade`
-grades the same reference submission into the grading workspace the server's nbgrader_config.py
-reads, and Formgrader lists the lab and then the graded submission with its score, not flagged
-for manual grading, and opens it for manual grading.
+Formgrader lists the lab (on a fresh workspace: it creates the gradebook, which needs `alembic`
+on the server's PATH); a solved b01 runs top to bottom (menu Run > Run All Cells) and its
+attention widget renders; nbgrader's Validate button says it passes; `camp`, `nbgrader` and
+`alembic` are the venv's in a JupyterLab terminal; meanwhile `camp grade` grades the same
+reference submission into the grading workspace the server's nbgrader_config.py reads, and
+Formgrader then shows it graded with its score, not flagged for manual grading, and opens it
+for manual grading.
 
 The workspace and the exchange are temporary ($CAMP_GRADING_DIR / $CAMP_EXCHANGE_DIR, the one
 setting both `camp grade` and nbgrader_config.py read), so a real grading/ is never touched; the
@@ -66,31 +68,36 @@ def test_student_and_instructor_in_a_real_browser(sandbox, browser_page):
     write_submission(tmp / "submissions", STUDENT, LAB, nb)
     opened = write_submission(notebooks, "me", LAB, nb)   # runs/browser-*/me/b01_attention/...
     isolation = "auto" if os.geteuid() == 0 else "none"   # the reference solution is trusted code
-    grading_log = open(tmp / "camp-grade.log", "w")
-    grading = subprocess.Popen([str(Path(sys.executable).parent / "camp"), "grade", str(tmp / "submissions"),
-                                "--lab", LAB, "--isolation", isolation], cwd=tmp, env=env,
-                               stdout=grading_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    camp = [str(Path(sys.executable).parent / "camp"), "grade", str(tmp / "submissions"), "--lab", LAB,
+            "--isolation", isolation]
+    grading, grading_log = None, open(tmp / "camp-grade.log", "w")
     try:
         with LabServer(ROOT, env, tmp / "make-lab.log") as lab:
             times["server up"] = time.monotonic() - started
             assert re.search(rf"^{LAB}\s+basic", lab.output(), re.M), "make lab did not print the ladder"
+            # first, on a fresh workspace: Formgrader creates the gradebook (nbgrader runs alembic)
+            _formgrader_lists_the_lab(page, lab)
+            assert (tmp / "grading" / "gradebook.db").is_file(), "Formgrader did not create the gradebook"
+            times["formgrader lists the lab"] = time.monotonic() - started
+            grading = subprocess.Popen(camp, cwd=tmp, env=env, stdout=grading_log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL)   # grades while the student works
             _run_all_and_see_the_widget(page, lab, opened.relative_to(ROOT), tmp / "run-all.png")
             times["run all + widget"] = time.monotonic() - started
             _validate(page)
             times["validate"] = time.monotonic() - started
             _camp_in_a_terminal(page, tmp / "terminal.txt")
             times["terminal"] = time.monotonic() - started
-            _formgrader_lists_the_lab(page, lab)
             grading.wait(timeout=max(10, TOTAL_BUDGET_S - (time.monotonic() - started)))
             times["camp grade done"] = time.monotonic() - started
             grade_log = (tmp / "camp-grade.log").read_text()
             assert grading.returncode == 0 and re.search(rf"{STUDENT}\s+{LAB}\s+12\s+12\s+graded", grade_log), grade_log
             _formgrader_shows_the_graded_submission(page, lab)
-            times["formgrader"] = time.monotonic() - started
+            times["formgrader shows the submission"] = time.monotonic() - started
     finally:
-        if grading.poll() is None:
-            grading.kill()
-        grading.wait()
+        if grading is not None:
+            if grading.poll() is None:
+                grading.kill()
+            grading.wait()
         grading_log.close()
     print("browser smoke test, seconds since start: " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
 
