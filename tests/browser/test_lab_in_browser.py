@@ -75,7 +75,9 @@ def test_student_and_instructor_in_a_real_browser(sandbox, browser_page):
         with LabServer(ROOT, env, tmp / "make-lab.log") as lab:
             times["server up"] = time.monotonic() - started
             assert re.search(rf"^{LAB}\s+basic", lab.output(), re.M), "make lab did not print the ladder"
-            # first, on a fresh workspace: Formgrader creates the gradebook (nbgrader runs alembic)
+            _opens_on_the_labs(page, lab)
+            times["lab opens on labs/"] = time.monotonic() - started
+            # on a fresh workspace, Formgrader creates the gradebook (nbgrader runs alembic)
             _formgrader_lists_the_lab(page, lab)
             assert (tmp / "grading" / "gradebook.db").is_file(), "Formgrader did not create the gradebook"
             times["formgrader lists the lab"] = time.monotonic() - started
@@ -100,6 +102,13 @@ def test_student_and_instructor_in_a_real_browser(sandbox, browser_page):
             grading.wait()
         grading_log.close()
     print("browser smoke test, seconds since start: " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
+
+
+def _opens_on_the_labs(page, lab) -> None:
+    """What a student sees first: JupyterLab's file browser in labs/, the ladder's folders."""
+    page.goto(lab.url("/"))
+    page.locator(".jp-DirListing-item", has_text=LAB_NAME).first.wait_for(timeout=60_000)
+    assert "/lab/tree/labs" in page.url, page.url
 
 
 def _run_all_and_see_the_widget(page, lab, notebook: Path, shot: Path) -> None:
