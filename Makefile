@@ -25,7 +25,7 @@ lab: setup ## set everything up and open JupyterLab on the released labs
 	$(BIN)/camp list
 	$(BIN)/python -m autograder.course.nbgrader_setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter lab --ServerApp.root_dir=. \
-		--ServerApp.default_url=/lab/tree/labs \
+		--LabApp.default_url=/lab/tree/labs \
 		--ServerApp.terminado_settings="{\"shell_command\": [\"$${SHELL:-/bin/sh}\"]}" \
 		$(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
