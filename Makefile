@@ -7,12 +7,27 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.camp-installed
+# The browser tests (tests/browser) drive Debian's Chromium through Playwright; never a download.
+CHROMIUM ?= /usr/bin/chromium
+# Where `camp grade` writes and Formgrader reads: grading/, or `make lab CAMP_GRADING_DIR=DIR`
+# (make passes it on; relative to this folder); the exchange: exchange/ or CAMP_EXCHANGE_DIR.
 
-.PHONY: lab setup test build check run grade-demo clean
+.PHONY: lab setup browser test build check run clean
 
+# The server runs with the venv's bin first on PATH: nbgrader runs `alembic` by name, and
+# JupyterLab's terminals inherit it, so `camp`, `nbgrader` and `python` there are the course's
+# (terminals start the user's shell without -l: a login shell would reset PATH from
+# /etc/profile whenever make's output is not a terminal). Its root is the repository
+# (Formgrader needs the course inside it); it opens on labs/. LAB_ARGS adds server options
+# (tests/browser: a port, a token, no browser).
+LAB_ARGS ?=
 lab: setup ## set everything up and open JupyterLab on the released labs
 	$(BIN)/camp list
-	$(BIN)/jupyter lab --ServerApp.root_dir=labs $(if $(filter 0,$(shell id -u)),--allow-root)
+	$(BIN)/python -m autograder.course.nbgrader_setup
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter lab --ServerApp.root_dir=. \
+		--LabApp.default_url=/lab/tree/labs \
+		--ServerApp.terminado_settings="{\"shell_command\": [\"$${SHELL:-/bin/sh}\"]}" \
+		$(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 setup: $(STAMP)
 
@@ -22,7 +37,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@
 
-test: setup ## the whole suite: library parity, build/run/grade round trips
+# Installs Debian's chromium package when it is missing and we are root; otherwise says so
+# loudly (the browser tests then report themselves as not run, or fail under CI).
+browser:
+	@test -x $(CHROMIUM) || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's chromium for tests/browser"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "WARNING: $(CHROMIUM) is missing and cannot be installed here: tests/browser will not run"; fi; }
+
+test: setup browser ## the whole suite: library parity, build/run/grade round trips, the browser smoke test
 	$(BIN)/python -m pytest -q
 
 build: setup ## regenerate labs/ from solutions/
@@ -34,5 +58,5 @@ check: setup ## is labs/ up to date and free of solutions?
 run: setup ## execute every solution notebook with the ci profile
 	$(BIN)/camp run
 
-clean:
-	rm -rf runs grading .pytest_cache
+clean: ## executed notebooks and caches (never grading/: it holds the class's grades)
+	rm -rf runs .pytest_cache

@@ -1,10 +1,13 @@
-"""nbgrader's own configuration for this course, read by the JupyterLab extensions (formgrader,
-validate) and the `nbgrader` command when run from the repository root. `camp` configures
-nbgrader itself (autograder/nbgrader_setup.py) and does not read this file."""
+"""nbgrader's configuration for the instructor's JupyterLab (`make lab`): Formgrader, the Validate
+button and release/collect read it from the server's working folder, the repository root.
+
+The course is this repository (solutions/ released into labs/); submissions, autograded
+notebooks, feedback and gradebook.db live in the grading workspace that `camp grade` writes:
+./grading, or $CAMP_GRADING_DIR for both. The exchange is ./exchange (or $CAMP_EXCHANGE_DIR).
+The settings themselves are in autograder/course/nbgrader_setup.py (`instructor_config`)."""
 from pathlib import Path
 
+from autograder.course.nbgrader_setup import instructor_config
+
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
-c.CourseDirectory.root = str(Path(__file__).resolve().parent)
-c.CourseDirectory.source_directory = "solutions"
-c.CourseDirectory.release_directory = "labs"
-c.CourseDirectory.db_url = f"sqlite:///{Path(__file__).resolve().parent / 'grading' / 'gradebook.db'}"
+c.merge(instructor_config(Path(__file__).resolve().parent))

@@ -18,5 +18,6 @@ Where things live (one role per folder):
 | `isolation/`    | where student code runs: `sandbox` (start/stop/talk), `sandbox_init` (the    |
 |                 | first program inside it), `student_process` (runs the student's cells)       |
 | `reports/`      | what people read: `feedback` (per student), `class_report` (report.html),    |
-|                 | `gradebook` (nbgrader's sqlite), grades.csv                                  |
+|                 | `gradebook` (nbgrader's sqlite), `formgrader` (autograded/ for Formgrader),  |
+|                 | grades.csv                                                                   |
 """

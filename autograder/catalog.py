@@ -3,9 +3,14 @@ course contains, where each lab's notebooks live and how to run them."""
 from __future__ import annotations
 
 import os
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI (pyproject: tomli; python_version < "3.11")
+    import tomli as tomllib
 
 LEVELS = ("basic", "advanced", "project")
 STATUSES = ("ready", "planned")

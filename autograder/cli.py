@@ -65,13 +65,14 @@ def cmd_run(args, catalog: Catalog, root: Path) -> int:
 
 
 def cmd_grade(args, catalog: Catalog, root: Path) -> int:
+    from .course.nbgrader_setup import grading_workspace
     from .grading.grade import GradeOptions, GradingSetupError, grade
 
     subs = Path(args.submissions)
     if not subs.is_dir():
         print(f"camp grade: {subs} is not a folder of submissions", file=sys.stderr)
         return 2
-    out = Path(args.out).resolve()
+    out = Path(args.out).resolve() if args.out else grading_workspace(root)
     if out == root or root / "solutions" in (out, *out.parents):
         print("camp grade: --out must not be the repository or inside solutions/", file=sys.stderr)
         return 2
@@ -122,7 +123,8 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("grade", help="autograde submissions into a gradebook; write grades.csv and feedback")
     p.add_argument("submissions", metavar="SUBMISSIONS_DIR", help="<student>/<lab>/<notebook>.ipynb or <student>.zip")
     p.add_argument("--lab", help="grade only this lab")
-    p.add_argument("--out", default="grading", help="grading workspace (default ./grading)")
+    p.add_argument("--out", help="grading workspace (default: $CAMP_GRADING_DIR, else grading/ in the "
+                   "repository; Formgrader in `make lab` reads the same)")
     p.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
     p.add_argument("--isolation", choices=["auto", "namespace", "none"], default="auto",
                    help="sandbox for student code: namespace (root + unshare; auto picks it) or none (unsafe)")

@@ -1,8 +1,13 @@
 """The two ways to install (pip/pyproject and conda/environment.yml) ask for the same things."""
-import tomllib
+import sys
 from pathlib import Path
 
 import yaml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,7 +22,20 @@ def test_environment_yml_matches_pyproject():
     assert listed == wanted, (f"only in environment.yml: {sorted(listed - wanted)}; "
                               f"only in pyproject.toml: {sorted(wanted - listed)}")
     python = [d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python")]
-    assert python == ["python=3.11"], python
+    assert python == ["python" + project["requires-python"]], \
+        f"environment.yml asks for {python}, pyproject.toml for python{project['requires-python']}"
+
+
+def test_supported_pythons_are_310_to_313():
+    """torch 2.13, nbgrader and JupyterLab 4 support 3.10-3.13; the code may not need more
+    (tomllib, 3.11+, comes from tomli below 3.11)."""
+    from packaging.specifiers import SpecifierSet
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    spec = SpecifierSet(project["requires-python"])
+    assert [v for v in ("3.9", "3.10", "3.11", "3.12", "3.13", "3.14") if v in spec] == \
+        ["3.10", "3.11", "3.12", "3.13"], spec
+    assert 'tomli>=2; python_version < "3.11"' in project["dependencies"]
 
 
 def test_ci_runs_the_readme_test_command():

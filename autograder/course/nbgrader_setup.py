@@ -1,6 +1,12 @@
-"""How `camp` drives nbgrader: one function builds the traitlets config for a course folder, so
-build and grade configure nbgrader the same way (through its API, never by copying files by
-hand into its folders)."""
+"""How `camp` and the instructor's JupyterLab drive nbgrader.
+
+`nbgrader_config` builds the traitlets config for a course folder, so build and grade configure
+nbgrader the same way (through its API, never by copying files by hand into its folders).
+`instructor_config` is what the repository's nbgrader_config.py loads for Formgrader and the
+Validate button: the course is the repository (solutions/ -> labs/), and collected submissions,
+autograded notebooks, feedback and the gradebook live in the grading workspace that `camp grade` writes
+(`grading_workspace`: ./grading, or $CAMP_GRADING_DIR), so both always read and write one place.
+"""
 from __future__ import annotations
 
 import functools
@@ -9,6 +15,74 @@ import sys
 from pathlib import Path
 
 from traitlets.config import Config
+
+COURSE_ID = "llm-camp"   # nbgrader's course id: the exchange's folder name and the gradebook's course
+GRADING_ENV = "CAMP_GRADING_DIR"    # where `camp grade` writes and Formgrader reads (default ./grading)
+EXCHANGE_ENV = "CAMP_EXCHANGE_DIR"  # nbgrader's exchange (default ./exchange)
+
+
+def grading_workspace(root: Path) -> Path:
+    """The grading workspace: $CAMP_GRADING_DIR (relative paths are taken from the repository
+    root, so the shell's folder never changes where grades go), else `root/grading`."""
+    chosen = os.environ.get(GRADING_ENV, "").strip()
+    return (Path(root) / (chosen or "grading")).resolve()
+
+
+def exchange_root(root: Path) -> Path:
+    """nbgrader's exchange folder (release -> fetch -> submit -> collect): $CAMP_EXCHANGE_DIR
+    (relative to the repository root), else `root/exchange`."""
+    chosen = os.environ.get(EXCHANGE_ENV, "").strip()
+    return (Path(root) / (chosen or "exchange")).resolve()
+
+
+def _step_dir(root: Path, folder: Path) -> str:
+    """A folder for nbgrader's CourseDirectory: relative to the course root when inside it
+    (nbgrader escapes only the root in the patterns it matches paths with), else absolute."""
+    try:
+        return str(folder.relative_to(Path(root).resolve()))
+    except ValueError:
+        return str(folder)
+
+
+def instructor_config(root: Path) -> Config:
+    """nbgrader's config for the instructor's JupyterLab (Formgrader, Validate, release/collect)."""
+    root = Path(root).resolve()
+    workspace = grading_workspace(root)
+    c = Config()
+    c.CourseDirectory.root = str(root)
+    c.CourseDirectory.course_id = COURSE_ID
+    c.CourseDirectory.source_directory = "solutions"
+    c.CourseDirectory.release_directory = "labs"
+    # nbgrader's "submitted" is where its collect puts students' turned-in work: grade it with
+    # `camp grade <workspace>/collected` (camp keeps its own copy of what it graded in submitted/)
+    c.CourseDirectory.submitted_directory = _step_dir(root, workspace / "collected")
+    c.CourseDirectory.autograded_directory = _step_dir(root, workspace / "autograded")
+    c.CourseDirectory.feedback_directory = _step_dir(root, workspace / "feedback")
+    c.CourseDirectory.db_url = f"sqlite:///{workspace / 'gradebook.db'}"
+    c.Exchange.root = str(exchange_root(root))
+    c.Execute.timeout = 120
+    c.HTMLExporter.sanitize_html = True  # Formgrader renders students' markdown in the instructor's browser
+    return c
+
+
+def prepare_instructor_folders(root: Path) -> tuple[Path, Path]:
+    """Create the grading workspace (private to its owner) and the exchange with the modes
+    nbgrader's own release step gives them: the root world-writable,
+    `<course>/outbound` readable by all, `<course>/inbound` 2733 (students may drop files in,
+    not list or read other students')."""
+    root = Path(root).resolve()
+    workspace = grading_workspace(root)
+    if not workspace.exists():
+        workspace.mkdir(parents=True)
+        os.chmod(workspace, 0o700)
+    exchange = exchange_root(root)
+    modes = [(exchange, 0o777), (exchange / COURSE_ID, 0o755), (exchange / COURSE_ID / "outbound", 0o755),
+             (exchange / COURSE_ID / "inbound", 0o2733)]
+    for folder, mode in modes:
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            os.chmod(folder, mode)
+    return workspace, exchange
 
 
 def put_environment_on_path() -> None:
@@ -73,3 +147,18 @@ def nbgrader_api(config: Config):
     alembic_head_in_process()
     coursedir = CourseDirectory(config=config)
     return NbGraderAPI(coursedir=coursedir, config=config)
+
+
+def main() -> int:
+    """`python -m autograder.course.nbgrader_setup` (run by `make lab`): create the instructor's
+    folders and say where they are."""
+    from ..catalog import repo_root
+
+    workspace, exchange = prepare_instructor_folders(repo_root())
+    print(f"nbgrader: grading workspace {workspace} (${GRADING_ENV}), exchange {exchange} (${EXCHANGE_ENV}); "
+          "Formgrader: Nbgrader > Formgrader in JupyterLab")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,6 +26,7 @@ from ..course.nbgrader_setup import nbgrader_api, nbgrader_config
 from ..isolation.sandbox import Limits, namespaces_available
 from ..reports.class_report import write_report
 from ..reports.feedback import write_feedback_html
+from ..reports.formgrader import publish_for_formgrader
 from ..reports.gradebook import record
 from .results import SubmissionResult, TestOutcome, load_result, result_key, save_result
 from .uploads import Submission, collect, copy_plain_files
@@ -186,6 +187,7 @@ def _publish(out: Path, lab: Lab, result: SubmissionResult) -> GradeRow:
     """Gradebook, feedback HTML and the grade sheet row for one result (idempotent)."""
     spec = LabSpec.from_notebook(out / "source" / lab.name / lab.notebook)
     record(out / "gradebook.db", lab.name, Path(lab.notebook).stem, result)
+    publish_for_formgrader(out, lab, result)
     html = out / "feedback" / result.student / lab.name / lab.notebook.replace(".ipynb", ".html")
     write_feedback_html(spec, result, out / "submitted" / result.student / lab.name / lab.notebook, html)
     failed = [t for t in result.tests if t.message]

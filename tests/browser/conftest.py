@@ -1,0 +1,50 @@
+"""The browser for tests/browser: Debian's Chromium (`make test` installs it when missing and
+root), driven by Playwright; nothing is ever downloaded. Without one the tests are not run, and
+say so: a skip with the reason (listed in pytest's summary, -ra) and a warning; under CI
+(CI=true), where `make test` must have installed it, they fail instead."""
+import os
+import shutil
+import warnings
+
+import pytest
+
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+
+
+def _not_run(reason: str):
+    message = f"BROWSER TESTS NOT RUN: {reason}"
+    if os.environ.get("CI"):
+        pytest.fail(message + " (CI must run them: `make test` installs Debian's chromium as root)")
+    warnings.warn(message, UserWarning)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    chosen = os.environ.get("CAMP_CHROMIUM")
+    path = chosen or next((p for p in CHROMIUM_CANDIDATES if os.access(p, os.X_OK)), None) or shutil.which("chromium")
+    if not path or not os.access(path, os.X_OK):
+        _not_run("no Chromium executable (apt-get install chromium, or set CAMP_CHROMIUM)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError as exc:
+        _not_run(f"Playwright is not installed ({exc})")
+    return path
+
+
+@pytest.fixture
+def browser_page(chromium_path):
+    """A fresh headless Chromium page; closed (and its processes ended) when the test ends."""
+    from playwright.sync_api import Error, sync_playwright
+
+    with sync_playwright() as pw:
+        try:
+            browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
+        except Error as exc:
+            _not_run(f"Chromium at {chromium_path} did not start: {str(exc).splitlines()[0]}")
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(30_000)
+            yield page
+        finally:
+            browser.close()

@@ -1,0 +1,191 @@
+"""`make lab` in a real browser, as a student and as an instructor would use it.
+
+One test, in the order a person goes: the ladder is printed and JupyterLab opens; a solved b01
+Formgrader lists the lab (on a fresh workspace: it creates the gradebook, which needs `alembic`
+on the server's PATH); a solved b01 runs top to bottom (menu Run > Run All Cells) and its
+attention widget renders; nbgrader's Validate button says it passes; `camp`, `nbgrader` and
+`alembic` are the venv's in a JupyterLab terminal; meanwhile `camp grade` grades the same
+reference submission into the grading workspace the server's nbgrader_config.py reads, and
+Formgrader then shows it graded with its score, not flagged for manual grading, and opens it
+for manual grading.
+
+The workspace and the exchange are temporary ($CAMP_GRADING_DIR / $CAMP_EXCHANGE_DIR, the one
+setting both `camp grade` and nbgrader_config.py read), so a real grading/ is never touched; the
+notebook lives in runs/ (the server's root is the repository, as in `make lab`).
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from autograder.catalog import repo_root
+from autograder.course.reference import student_notebook, write_submission
+
+from .lab_server import LabServer
+
+ROOT = repo_root()
+LAB, LAB_NAME, STUDENT = "b01", "b01_attention", "ada"
+TOTAL_BUDGET_S = 300   # fail rather than hang (each browser step also has its own timeout)
+# JupyterLab settings for the test's own (temporary) settings folder: every cell in the DOM, so the
+# test can read every prompt (the default attaches only what is on screen); no news prompt.
+LAB_SETTINGS = {"@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+                "@jupyterlab/apputils-extension/notification": {"fetchNews": "false"}}   # fail rather than hang; the run is about a minute on an idle 2-core machine
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    """Temporary workspace, exchange, JupyterLab state; a folder for the notebook under runs/."""
+    (ROOT / "runs").mkdir(exist_ok=True)
+    notebooks = Path(tempfile.mkdtemp(prefix="browser-", dir=ROOT / "runs"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "CAMP_"))}
+    env.update(CAMP_GRADING_DIR=str(tmp_path / "grading"), CAMP_EXCHANGE_DIR=str(tmp_path / "exchange"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "lab-settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "lab-workspaces"),
+               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), SHELL="/bin/bash")
+    for plugin, settings in LAB_SETTINGS.items():
+        path = tmp_path / "lab-settings" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings))
+    try:
+        yield tmp_path, notebooks, env
+    finally:
+        shutil.rmtree(notebooks, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_student_and_instructor_in_a_real_browser(sandbox, browser_page):
+    tmp, notebooks, env = sandbox
+    page, started, times = browser_page, time.monotonic(), {}
+    nb = student_notebook(LAB)
+    write_submission(tmp / "submissions", STUDENT, LAB, nb)
+    opened = write_submission(notebooks, "me", LAB, nb)   # runs/browser-*/me/b01_attention/...
+    isolation = "auto" if os.geteuid() == 0 else "none"   # the reference solution is trusted code
+    camp = [str(Path(sys.executable).parent / "camp"), "grade", str(tmp / "submissions"), "--lab", LAB,
+            "--isolation", isolation]
+    grading, grading_log = None, open(tmp / "camp-grade.log", "w")
+    try:
+        with LabServer(ROOT, env, tmp / "make-lab.log") as lab:
+            times["server up"] = time.monotonic() - started
+            assert re.search(rf"^{LAB}\s+basic", lab.output(), re.M), "make lab did not print the ladder"
+            _opens_on_the_labs(page, lab)
+            times["lab opens on labs/"] = time.monotonic() - started
+            # on a fresh workspace, Formgrader creates the gradebook (nbgrader runs alembic)
+            _formgrader_lists_the_lab(page, lab)
+            assert (tmp / "grading" / "gradebook.db").is_file(), "Formgrader did not create the gradebook"
+            times["formgrader lists the lab"] = time.monotonic() - started
+            grading = subprocess.Popen(camp, cwd=tmp, env=env, stdout=grading_log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL)   # grades while the student works
+            _run_all_and_see_the_widget(page, lab, opened.relative_to(ROOT), tmp / "run-all.png")
+            times["run all + widget"] = time.monotonic() - started
+            _validate(page)
+            times["validate"] = time.monotonic() - started
+            _camp_in_a_terminal(page, tmp / "terminal.txt")
+            times["terminal"] = time.monotonic() - started
+            grading.wait(timeout=max(10, TOTAL_BUDGET_S - (time.monotonic() - started)))
+            times["camp grade done"] = time.monotonic() - started
+            grade_log = (tmp / "camp-grade.log").read_text()
+            assert grading.returncode == 0 and re.search(rf"{STUDENT}\s+{LAB}\s+12\s+12\s+graded", grade_log), grade_log
+            _formgrader_shows_the_graded_submission(page, lab)
+            times["formgrader shows the submission"] = time.monotonic() - started
+    finally:
+        if grading is not None:
+            if grading.poll() is None:
+                grading.kill()
+            grading.wait()
+        grading_log.close()
+    print("browser smoke test, seconds since start: " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
+
+
+def _opens_on_the_labs(page, lab) -> None:
+    """What a student sees first: JupyterLab's file browser in labs/, the ladder's folders."""
+    page.goto(lab.url("/"))
+    page.locator(".jp-DirListing-item", has_text=LAB_NAME).first.wait_for(timeout=60_000)
+    assert "/lab/tree/labs" in page.url, page.url
+
+
+def _run_all_and_see_the_widget(page, lab, notebook: Path, shot: Path) -> None:
+    page.goto(lab.url(f"/lab/tree/{notebook.as_posix()}"))
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+    choose = page.locator(".jp-Dialog", has_text="Select Kernel")   # JupyterLab asks; a person says yes
+    try:
+        choose.wait_for(timeout=10_000)
+        choose.locator("button.jp-mod-accept").click()
+    except PlaywrightTimeout:
+        pass
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    n_code = page.locator(".jp-Notebook .jp-CodeCell").count()
+    prompts = ".jp-Notebook .jp-CodeCell .jp-InputPrompt"
+    try:
+        page.wait_for_function(
+            """([sel, n]) => { const p = [...document.querySelectorAll(sel)].map(e => e.textContent);
+                             return p.length === n && p.every(t => /\\[\\d+\\]/.test(t)); }""",
+            arg=[prompts, n_code], timeout=150_000, polling=500)
+    except Exception:
+        page.screenshot(path=str(shot), full_page=True)
+        raise AssertionError(f"Run All did not finish all {n_code} code cells; prompts: "
+                             f"{page.locator(prompts).all_inner_texts()}; screenshot {shot}") from None
+    outputs = page.locator(".jp-Notebook .jp-OutputArea-output").all_inner_texts()
+    errors = [o for o in outputs if "Traceback (most recent call last)" in o]
+    assert not errors, f"a cell raised while running all {n_code} code cells:\n{errors[0][:2000]}"
+    widget = page.locator(".jp-Notebook .widget-interact")
+    widget.wait_for(timeout=30_000)
+    assert widget.locator(".widget-slider").count() == 2, "the attention widget has no layer/head sliders"
+    widget.locator("img").first.wait_for(timeout=30_000)   # the attention map the sliders drive
+
+
+def _validate(page) -> None:
+    page.locator(".validate-button").first.click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.locator(".validation-success, .validation-failed, .validation-error").first.wait_for(timeout=150_000)
+    text = dialog.inner_text()
+    assert "Success! Your notebook passes all the tests." in text, f"Validate did not pass:\n{text[:2000]}"
+    dialog.locator("button", has_text="OK").first.click()
+
+
+def _camp_in_a_terminal(page, out: Path) -> None:
+    """File > New > Terminal, type a command: `camp`, `nbgrader` and `alembic` resolve to the venv."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^File$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^New$")).hover()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Terminal$")).click()
+    term = page.locator(".jp-Terminal").last
+    term.wait_for()
+    term.click()
+    page.keyboard.type(f"(command -v camp nbgrader alembic; camp list) > {out} 2>&1; exit\n", delay=5)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (out.exists() and re.search(rf"^{LAB}\s", out.read_text(), re.M)):
+        time.sleep(0.3)
+    text = out.read_text() if out.exists() else "(nothing written)"
+    venv_bin = str(Path(sys.executable).parent)
+    assert all(f"{venv_bin}/{tool}" in text for tool in ("camp", "nbgrader", "alembic")), text
+    assert re.search(rf"^{LAB}\s+basic", text, re.M), f"`camp list` in the terminal printed:\n{text}"
+
+
+def _formgrader_lists_the_lab(page, lab) -> None:
+    page.goto(lab.url("/formgrader/manage_assignments"))
+    page.locator("#main-table a", has_text=LAB_NAME).first.wait_for()
+    assert "nbgrader will not work correctly" not in page.content()
+    warnings = page.locator("#warning-exchange, #warning-course-id")
+    assert warnings.count() == 0, f"Formgrader: {warnings.first.inner_text()}"   # release/collect available
+
+
+def _formgrader_shows_the_graded_submission(page, lab) -> None:
+    page.goto(lab.url(f"/formgrader/manage_submissions/{LAB_NAME}"))
+    row = page.locator("tr", has=page.locator(".student-id", has_text=STUDENT))
+    row.wait_for()
+    assert row.locator(".status").inner_text().strip() == "graded", row.inner_text()
+    assert row.locator(".score").inner_text().strip() == "12 / 12", row.inner_text()
+    # manual grading opens the autograded notebook (autograded/<student>/<lab>/ in the workspace)
+    page.goto(lab.url(f"/formgrader/gradebook/{LAB_NAME}/{LAB_NAME}"))
+    page.locator("a", has_text="Submission #1").first.click()
+    page.locator("text=camp grade:").first.wait_for()
+    assert "not found" not in page.title().lower(), page.title()
