@@ -12,7 +12,7 @@ CHROMIUM ?= /usr/bin/chromium
 # Where `camp grade` writes and Formgrader reads: grading/, or `make lab CAMP_GRADING_DIR=DIR`
 # (make passes it on; relative to this folder); the exchange: exchange/ or CAMP_EXCHANGE_DIR.
 
-.PHONY: lab setup browser test build check run clean
+.PHONY: lab setup browser test test-fast build check run clean
 
 # The server runs with the venv's bin first on PATH: nbgrader runs `alembic` by name, and
 # JupyterLab's terminals inherit it, so `camp`, `nbgrader` and `python` there are the course's
@@ -46,8 +46,15 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "WARNING: $(CHROMIUM) is missing and cannot be installed here: tests/browser will not run"; fi; }
 
+# Two pytest-xdist workers (the machines this course targets have 2 cores); slow tests start first.
+PYTEST_WORKERS ?= 2
 test: setup browser ## the whole suite: library parity, build/run/grade round trips, the browser smoke test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --durations=15
+
+test-fast: setup ## the inner loop (< 3 min): everything not marked slow
+	@echo "test-fast leaves out the tests marked slow: every lab's notebook run and grading round trip,"
+	@echo "the grading attack suites, the sandbox and Formgrader round trips, the browser test. Run 'make test' before committing."
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not slow"
 
 build: setup ## regenerate labs/ from solutions/
 	$(BIN)/camp build
