@@ -41,6 +41,8 @@ class Lab:
     forbid: tuple[str, ...] = ()
     profiles: dict[str, dict] = field(default_factory=dict)
     cell_timeout: int = 120
+    background: str = ""     # what a student should know besides the required labs (How to work block)
+    notes: str = ""          # lab-specific advice for the How to work block (what IS allowed, say)
 
     @property
     def notebook(self) -> str:
@@ -120,6 +122,7 @@ def _lab_from_dict(d: dict) -> Lab:
             requires=tuple(d.get("requires", ())), minutes=int(d.get("minutes", 0)),
             forbid=tuple(d.get("forbid", ())), profiles=dict(d.get("profiles", {})),
             cell_timeout=int(d.get("cell_timeout", 120)),
+            background=str(d.get("background", "")), notes=str(d.get("notes", "")),
         )
     except KeyError as exc:
         raise CatalogError(f"a lab in course/labs.toml lacks the field {exc}: {d}") from None

@@ -1,7 +1,8 @@
 """`camp build`: release student notebooks from solutions/ into labs/ with nbgrader.
 
 nbgrader's generate_assignment does the work (solution blocks replaced, hidden tests removed,
-outputs cleared, checksums added); `--check` rebuilds into a temporary folder and compares, so
+outputs cleared, checksums added); then the "How to work" block generated from course/labs.toml
+goes in after the title cell (howto.py); `--check` rebuilds into a temporary folder and compares, so
 CI catches a stale labs/ or a release that still holds solution code or hidden tests.
 """
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import nbformat
 
-from ..catalog import Lab
+from ..catalog import Catalog, Lab
+from .howto import insert_block
 from .nbgrader_setup import nbgrader_api, nbgrader_config
 
 _BLOCKS = {
@@ -29,7 +31,10 @@ class BuildError(RuntimeError):
 
 
 def release_labs(labs: list[Lab], root: Path, release_dir: Path) -> None:
-    """Run nbgrader generate_assignment for each lab from root/solutions into release_dir."""
+    """Run nbgrader generate_assignment for each lab from root/solutions into release_dir, then
+    write the lab's generated "How to work" block after the title cell (howto.py)."""
+    toml = root / "course" / "labs.toml"
+    catalog = Catalog.load(toml if toml.exists() else None)   # for the titles of required labs
     with tempfile.TemporaryDirectory(prefix="camp-build-") as tmp:
         config = nbgrader_config(root, source="solutions", release=release_dir.resolve(),
                                  db_path=Path(tmp) / "gradebook.db")
@@ -41,6 +46,7 @@ def release_labs(labs: list[Lab], root: Path, release_dir: Path) -> None:
             if not result["success"]:
                 raise BuildError(f"{lab.id}: nbgrader generate_assignment failed:\n"
                                  f"{result.get('error') or ''}{result.get('log') or ''}")
+            insert_block(release_dir / lab.name / lab.notebook, lab, catalog, lab.source_path(root))
 
 
 @dataclass
