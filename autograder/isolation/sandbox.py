@@ -90,6 +90,16 @@ def course_paths() -> list[Path]:
     return unique
 
 
+def python_module(module: str, *args: str) -> list[str]:
+    """`python -I` running `module`, with the folders holding the grader's own course packages
+    first on sys.path: an editable install may point at another checkout than the one grading."""
+    import autograder
+    import camplib
+    roots = sorted({str(Path(m.__file__).resolve().parent.parent) for m in (camplib, autograder)})
+    boot = f"import sys, runpy; sys.path[:0] = {roots!r}; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    return [sys.executable, "-I", "-c", boot, *args]
+
+
 def unreadable_course_file(paths: list[Path]) -> Path | None:
     """The first folder or file under `paths` that other users cannot read (the sandbox's uid
     is one of them), or None. Folders above `paths` do not matter: bwrap binds past them."""
@@ -222,14 +232,14 @@ class Sandbox:
         self._starts = 0
 
     def _runner(self) -> list[str]:
-        return [sys.executable, "-I", "-m", "autograder.isolation.student_process", json.dumps({"forbid": self.forbid})]
+        return python_module("autograder.isolation.student_process", json.dumps({"forbid": self.forbid}))
 
     def command(self, seccomp_fd: int) -> list[str]:
         lim = self.limits
         limits = {"as": lim.memory_mb * 2**20, "cpu": lim.cpu_seconds, "nproc": lim.processes,
                   "fsize": lim.output_mb * 2**20, "nofile": lim.open_files, "core": 0}
         return ([*bwrap_args(seccomp_fd), "--ro-bind", str(self.staging), STAGING, "--remount-ro", "/", "--",
-                 sys.executable, "-I", "-m", "autograder.isolation.sandbox_init", "--uid", str(self.uid),
+                 *python_module("autograder.isolation.sandbox_init"), "--uid", str(self.uid),
                  "--staging", STAGING, "--disk-bytes", str(lim.disk_mb * 2**20),
                  "--disk-inodes", str(lim.disk_inodes)]
                 + [f"--limit={k}={v}" for k, v in limits.items()] + [f"--keep={p}" for p in course_paths()] + ["--"] + self._runner())
