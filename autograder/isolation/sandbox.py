@@ -100,20 +100,35 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-I", "-c", boot, *args]
 
 
-def unreadable_course_file(paths: list[Path]) -> Path | None:
-    """The first folder or file under `paths` that other users cannot read (the sandbox's uid
-    is one of them), or None. Folders above `paths` do not matter: bwrap binds past them."""
-    for top in paths:
-        for dirpath, dirnames, filenames in os.walk(top):
-            if os.stat(dirpath).st_mode & 0o005 != 0o005:
-                return Path(dirpath)
-            for name in filenames:
+def unreadable_course_file(paths: list[Path], depth: int = 2) -> Path | None:
+    """The first file or folder, down to `depth` levels under `paths`, that other users (the
+    sandbox's uid is one of them) cannot read (folders: list and enter), or None. Folders above
+    `paths` do not matter: bwrap binds past them. A checkout made under `umask 077` is caught
+    at the top; walking a whole environment would take seconds of every grading run, and a
+    private file deeper down stops the sandbox's start with its name in the message (a
+    grader error, never a student's zero)."""
+    def check(folder: Path, level: int) -> Path | None:
+        if os.stat(folder).st_mode & 0o005 != 0o005:
+            return folder
+        with os.scandir(folder) as entries:
+            for entry in entries:
                 try:
-                    st = os.stat(os.path.join(dirpath, name))
+                    if entry.is_dir(follow_symlinks=False):
+                        found = check(Path(entry.path), level + 1) if level < depth else None
+                    elif entry.is_file() and not entry.stat().st_mode & 0o004:
+                        found = Path(entry.path)
+                    else:
+                        found = None
                 except OSError:
                     continue   # a dangling link: nothing to read
-                if not st.st_mode & 0o004:
-                    return Path(dirpath) / name
+                if found is not None:
+                    return found
+        return None
+
+    for top in paths:
+        found = check(Path(top), 0)
+        if found is not None:
+            return found
     return None
 
 
@@ -260,7 +275,10 @@ class Sandbox:
         finally:
             os.close(log_fd)
         os.set_blocking(self.proc.stdout.fileno(), False)
-        header, _ = self._read(time.monotonic() + 120)
+        try:
+            header, _ = self._read(time.monotonic() + 120)
+        except StudentCrashed as exc:   # nothing of the student's has run yet: the sandbox's fault
+            raise StudentCrashed(f"the sandbox could not start ({exc}): {_last_line(self.log)}") from None
         if not header.get("ready"):
             raise StudentCrashed("the grading process did not start")
 
@@ -334,6 +352,17 @@ class Sandbox:
         if self.budget is not None:
             budget, self.budget = self.budget, None
             budget.close()
+
+
+def _last_line(log: Path) -> str:
+    try:
+        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            f.seek(max(0, os.fstat(fd).st_size - 4000))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return lines[-1][:300] if lines else "no log"
 
 
 def _limit_self(limits: Limits) -> None:

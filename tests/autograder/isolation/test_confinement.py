@@ -10,7 +10,15 @@ import pytest
 
 from autograder.grading.remote import Session
 from autograder.isolation import cgroups, seccomp
-from autograder.isolation.sandbox import WORK, Limits, Sandbox, course_paths, namespaces_available, sandbox_problem
+from autograder.isolation.sandbox import (
+    WORK,
+    Limits,
+    Sandbox,
+    StudentTimedOut,
+    course_paths,
+    namespaces_available,
+    sandbox_problem,
+)
 
 pytestmark = pytest.mark.skipif(not namespaces_available(), reason=f"bwrap sandbox unavailable: {sandbox_problem()}")
 
@@ -144,6 +152,8 @@ def test_a_checkout_other_users_cannot_read_is_refused_by_name(tmp_path):
     assert unreadable_course_file([tmp_path / "course"]) == secret
     secret.chmod(0o644)
     assert unreadable_course_file([tmp_path / "course"]) is None
+    pkg.chmod(0o700)                                 # what `umask 077` makes
+    assert unreadable_course_file([tmp_path / "course"]) == pkg
 
 
 def test_uids_are_leased_exclusively_across_processes(tmp_path):
@@ -161,3 +171,28 @@ def test_uids_are_leased_exclusively_across_processes(tmp_path):
     os.chmod(lock_dir, 0o755)                         # a lock folder others could write into is refused
     with pytest.raises(RuntimeError, match="mode 0700"):
         UidLease(lock_dir, first=62000, count=3)
+
+
+def test_a_timeout_says_whether_the_sandbox_was_starved(tmp_path):
+    """A sleeping (or crowded-out) request got little CPU before its deadline: the sandbox flags
+    it, and `camp grade --jobs N` grades such a submission again alone. A busy loop's CPU is
+    counted by its cgroup."""
+    if cgroups.problem() is not None:
+        pytest.skip(f"no cgroups: {cgroups.problem()}")
+    staging = tmp_path / "in"
+    staging.mkdir()
+    sandbox = Sandbox(staging, isolation="bwrap", uid=UID + 1, limits=Limits(cpus=1.0))
+    try:
+        sandbox.start()
+        before = sandbox.cpu_seconds()
+        with pytest.raises(StudentTimedOut):
+            sandbox.request({"op": "exec", "source": "import time\nwhile True: time.sleep(1)"}, timeout=1.5)
+        assert sandbox.starved
+        sandbox.starved = False
+        sandbox.start()
+        before = sandbox.cpu_seconds()
+        sandbox.request({"op": "exec", "source": "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"},
+                        timeout=60)
+        assert sandbox.cpu_seconds() - before >= 0.3 and not sandbox.starved
+    finally:
+        sandbox.close()
