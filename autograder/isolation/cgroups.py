@@ -88,15 +88,51 @@ def problem() -> str | None:
     return "no writable cgroup v2 (cpu, memory, pids) or v1 (cpu, cpuacct, memory, pids) hierarchy"
 
 
-class Budget:
-    """One sandbox's group(s): made by `__init__`, joined by `join_self` (in the child before
-    exec), measured by `cpu_seconds`, emptied and removed by `close`."""
+def _parents() -> list[Path]:
+    v2 = _v2_parent()
+    if v2 is not None:
+        return [v2]
+    return sorted(set((_v1_parents() or {}).values()))
 
-    def __init__(self, name: str, *, cpus: float, memory_bytes: int, tasks: int):
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def sweep_orphans() -> None:
+    """Remove the groups of graders that died without cleaning up (killed with SIGKILL, say):
+    `camp-<uid>-<owner pid>-<n>` whose owner is gone."""
+    for parent in _parents():
+        for d in parent.glob("camp-*-*-*"):
+            try:
+                owner = int(d.name.split("-")[2])
+            except ValueError:
+                continue
+            if not _alive(owner):
+                orphan = Budget.__new__(Budget)
+                orphan.dirs, orphan._usage = [d], None
+                try:
+                    orphan.close(wait=1.0)
+                except OSError:
+                    pass
+
+
+class Budget:
+    """One sandbox's group(s), named `camp-<uid>-<this pid>-<serial>`: made by `__init__`,
+    joined by `join_self` (in the child before exec), measured by `cpu_seconds`, emptied and
+    removed by `close`."""
+
+    def __init__(self, uid: int, serial: int, *, cpus: float, memory_bytes: int, tasks: int):
         self.dirs: list[Path] = []
         self._usage: tuple[Path, float] | None = None  # (file, divisor to seconds)
         try:
-            self._make(f"camp-{name}", cpus, memory_bytes, tasks)
+            self._make(f"camp-{uid}-{os.getpid()}-{serial}", cpus, memory_bytes, tasks)
         except BaseException:
             self.close()
             raise

@@ -285,7 +285,9 @@ class Sandbox:
     def _start_bwrap(self, log_fd: int) -> None:
         if cgroups.problem() is None:
             lim = self.limits
-            self.budget = cgroups.Budget(f"{self.uid}-{os.getpid()}-{self._starts}",
+            if self._starts == 1:
+                cgroups.sweep_orphans()
+            self.budget = cgroups.Budget(self.uid, self._starts,
                                          cpus=lim.cpus or float(os.cpu_count() or 1),
                                          memory_bytes=lim.memory_mb * 2**20, tasks=lim.processes)
         seccomp_fd = _seccomp_pipe()
