@@ -25,7 +25,13 @@ from ..catalog import Catalog, Lab
 from ..course.labspec import LabSpec
 from ..course.nbgrader_setup import nbgrader_api, nbgrader_config
 from ..isolation import cgroups
-from ..isolation.sandbox import Limits, course_paths, namespaces_available, sandbox_problem, unreadable_course_file
+from ..isolation.sandbox import (
+    Limits,
+    course_paths,
+    namespaces_available,
+    sandbox_problem,
+    unreadable_course_file,
+)
 from ..reports.class_report import write_report
 from ..reports.feedback import write_feedback_html
 from ..reports.gradebook import record

@@ -153,7 +153,7 @@ class Budget:
         parents = _v1_parents()
         if parents is None:
             raise OSError(problem())
-        for controller, p in parents.items():
+        for p in parents.values():
             d = p / name
             if d in self.dirs:  # co-mounted controllers share one directory
                 continue

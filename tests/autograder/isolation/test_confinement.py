@@ -201,7 +201,7 @@ def test_a_timeout_says_whether_the_sandbox_was_starved(tmp_path):
 def test_groups_of_a_grader_that_died_are_swept():
     if cgroups.problem() is not None:
         pytest.skip(f"no cgroups: {cgroups.problem()}")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     live = cgroups.Budget(UID, 1, cpus=1.0, memory_bytes=2**30, tasks=16)
     try:
         orphan_dirs = [d.with_name(d.name.replace(f"-{os.getpid()}-", f"-{int(dead.stdout)}-")) for d in live.dirs]
