@@ -325,3 +325,34 @@ def test_a_checkout_in_a_private_folder_grades(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     with open(tmp_path / "ws" / "grades.csv") as f:
         assert [(r["student"], float(r["score"]), r["status"]) for r in csv.DictReader(f)] == [("ada", 12.0, "graded")]
+
+
+def test_a_timeout_short_of_cpu_is_graded_again_alone(tmp_path, monkeypatch):
+    """`--jobs 2`: a submission whose timeout came while its sandbox got little CPU (the flag
+    `Sandbox.starved`) is not published; it is graded again in a pool of one, and that result
+    counts. The pool is faked: this checks the scheduling, the sandbox's flag is tested in
+    tests/autograder/isolation/test_confinement.py."""
+    import autograder.grading.grade as grade_module
+    from autograder.course.labspec import LabSpec
+    from autograder.grading.results import SubmissionResult, TestOutcome
+
+    calls = []
+
+    def fake_pool(jobs, n, isolation):
+        calls.append((sorted(j["student"] for j in jobs), n))
+        for job in jobs:
+            spec = LabSpec.from_notebook(Path(job["source"]))
+            alone = n == 1
+            tests = [TestOutcome(t.grade_id, t.points, t.points if alone else 0.0, "" if alone else "timed out")
+                     for t in spec.tests]
+            result = SubmissionResult(job["student"], job["lab"], "graded", sum(t.score for t in tests),
+                                      spec.max_score, tests)
+            yield job, result, not alone and job["student"] == "crowded"
+
+    monkeypatch.setattr(grade_module, "_run_jobs", fake_pool)
+    subs = tmp_path / "subs"
+    for student in ("ada", "crowded"):
+        write_submission(subs, student, LAB, student_notebook(LAB))
+    rows = grade(subs, Catalog.load(), ROOT, tmp_path / "ws", None, GradeOptions(jobs=2))
+    assert calls == [(["ada", "crowded"], 2), (["crowded"], 1)]
+    assert {r.student: r.score for r in rows} == {"ada": 0.0, "crowded": 12.0}
