@@ -42,6 +42,7 @@ from . import cgroups, seccomp
 BASE_UID = 61000   # first uid of the sandbox range (autograder.isolation.uids)
 STAGING = "/run/camp-in"
 DISK = "/run/camp-disk"   # where sandbox_init mounts the writable tmpfs
+KEEP = "/run/camp-keep"   # where it stashes course paths that lie under a writable folder
 WORK = "/home/student"   # the student's folder, cwd and HOME inside the sandbox
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/hosts",
              "/etc/nsswitch.conf", "/etc/host.conf", "/etc/passwd", "/etc/group", "/etc/alternatives")
@@ -164,7 +165,7 @@ def bwrap_args(seccomp_fd: int) -> list[str]:
     for p in course_paths():
         args += ["--ro-bind", str(p), str(p)]
     args += ["--dev", "/dev", "--proc", "/proc"]
-    for d in (WORK, "/tmp", "/var/tmp", DISK):
+    for d in (WORK, "/tmp", "/var/tmp", DISK, KEEP):
         args += ["--perms", "0755", "--dir", d]
     return args
 

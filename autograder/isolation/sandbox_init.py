@@ -61,6 +61,8 @@ def writable_disk(uid: int, size: int, inodes: int, keep: list[str]) -> None:
     read-only, in root-owned folders the student cannot rename."""
     covered = [k for k in keep if any(k == t or k.startswith(t.rstrip("/") + "/") for ts in WRITABLE.values() for t in ts)]
     stash = []
+    if covered:   # the root is read-only: stash them on a small tmpfs of their own
+        mount("camp-keep", KEEP, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0700")
     for i, path in enumerate(covered):
         os.makedirs(f"{KEEP}/{i}")
         mount(path, f"{KEEP}/{i}", None, MS_BIND | MS_REC)
@@ -78,6 +80,8 @@ def writable_disk(uid: int, size: int, inodes: int, keep: list[str]) -> None:
         mount(source, path, None, MS_BIND | MS_REC)
         mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         unmount(source)
+    if covered:
+        unmount(KEEP)
 
 
 def copy_in(staging: Path, uid: int) -> None:
