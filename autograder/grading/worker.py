@@ -2,42 +2,57 @@
 submissions are graded in parallel and a grader-side failure stays with its submission)."""
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 from pathlib import Path
 
 from ..course.labspec import LabSpec
-from ..isolation.sandbox import Limits, Sandbox
+from ..isolation.sandbox import BASE_UID, Limits, Sandbox
+from ..isolation.uids import UidLease
 from .engine import grade_submission
 from .results import SubmissionResult, TestOutcome
 from .uploads import copy_plain_files
 
-_slot = 0
+_lease: UidLease | None = None
+_lease_error: Exception | None = None
 
 
-def init_worker(slots) -> None:
-    """Take a slot number: it picks this worker's sandbox uid, so parallel sandboxes never share one."""
-    import os
-    global _slot
-    _slot = slots.get()
+def init_worker(isolation: str) -> None:
+    """Lease this worker's sandbox uid for its whole life: no other worker, and no other
+    `camp grade` on this machine, gets it while this process lives."""
+    global _lease, _lease_error
     os.environ.setdefault("MPLBACKEND", "Agg")
+    if isolation != "none":
+        try:
+            _lease = UidLease()
+        except Exception as exc:  # reported on each job of this worker, not as a broken pool
+            _lease_error = exc
 
 
 def grade_job(job: dict) -> dict:
+    """Grade one submission; {"result": SubmissionResult dict, "starved": bool}. `starved`: a
+    timeout happened while the sandbox got little CPU, so it deserves a run alone."""
     spec = LabSpec.from_notebook(Path(job["source"]))
-    scratch = Path(job["scratch_root"]) / secrets.token_hex(8)
+    job_dir = Path(job["scratch_root"]) / secrets.token_hex(8)   # root-only; the student never writes it
+    staging = job_dir / "in"
+    starved = False
     try:
-        copy_plain_files(Path(job["lab_files"]), scratch)           # data the lab ships (public)
-        for nb in scratch.glob("*.ipynb"):
+        if _lease_error is not None:
+            raise _lease_error
+        copy_plain_files(Path(job["lab_files"]), staging)           # data the lab ships (public)
+        for nb in staging.glob("*.ipynb"):
             nb.unlink()
-        copy_plain_files(Path(job["submission"]), scratch, replace=False)
-        sandbox = Sandbox(scratch, isolation=job["isolation"], slot=_slot, hide=[Path(p) for p in job["hide"]],
-                          limits=Limits(**job["limits"]), forbid=job["forbid"], threads=job["threads"])
-        result = grade_submission(spec, scratch / spec.notebook, job["student"], job["lab"], sandbox, job["forbid"])
+        copy_plain_files(Path(job["submission"]), staging, replace=False)
+        sandbox = Sandbox(staging, isolation=job["isolation"], uid=_lease.uid if _lease else BASE_UID,
+                          limits=Limits(**job["limits"]), forbid=job["forbid"], threads=job["threads"],
+                          log=job_dir / "student.log")
+        result = grade_submission(spec, staging / spec.notebook, job["student"], job["lab"], sandbox, job["forbid"])
+        starved = sandbox.starved
     except Exception as exc:  # a grader bug must not take the class down: report it for this submission
         result = SubmissionResult(job["student"], job["lab"], "error", max_score=spec.max_score,
                                   message=f"grader error: {type(exc).__name__}: {exc}", retry=True,
                                   tests=[TestOutcome(t.grade_id, t.points, 0.0, "not graded") for t in spec.tests])
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return result.to_dict()
+        shutil.rmtree(job_dir, ignore_errors=True)
+    return {"result": result.to_dict(), "starved": starved}

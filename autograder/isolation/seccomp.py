@@ -1,0 +1,72 @@
+"""The system-call filter every sandbox gets (classic BPF, handed to bwrap with `--seccomp FD`).
+
+Why a filter at all: the sandbox's processes run as a plain unprivileged uid in the machine's
+own user namespace (so that their files and processes belong to a uid no other sandbox has, see
+`sandbox`). An unprivileged uid may normally create user namespaces, and a few kernel interfaces
+outlive a sandbox or are shared by uid. The filter closes exactly those, like Docker's default
+profile does:
+
+- new user namespaces (`unshare`/`clone` with CLONE_NEWUSER): EPERM; `clone3` (its flags are
+  behind a pointer a filter cannot read): ENOSYS, so libc falls back to `clone`;
+- kernel keyrings (`add_key`, `keyctl`, `request_key`): a uid's keyring would outlive the
+  sandbox and reach the next submission graded with the same uid;
+- `bpf`, `perf_event_open`, `userfaultfd`: kernel attack surface no lab needs;
+- any other architecture's system calls (i386, x32 on x86-64): the process is killed.
+"""
+from __future__ import annotations
+
+import errno
+import platform
+import struct
+
+CLONE_NEWUSER = 0x10000000
+RET_ALLOW = 0x7FFF0000
+RET_KILL_PROCESS = 0x80000000
+X32_SYSCALL_BIT = 0x40000000
+
+# architecture -> (AUDIT_ARCH value, {call name: number})
+_ARCHES = {
+    "x86_64": (0xC000003E, {"unshare": 272, "clone": 56, "clone3": 435, "add_key": 248, "request_key": 249,
+                            "keyctl": 250, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323}),
+    "aarch64": (0xC00000B7, {"unshare": 97, "clone": 220, "clone3": 435, "add_key": 217, "request_key": 218,
+                             "keyctl": 219, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282}),
+}
+DENIED = ("add_key", "request_key", "keyctl", "bpf", "perf_event_open", "userfaultfd")
+NO_NEW_USER_NAMESPACE = ("unshare", "clone")   # flags in the first argument
+
+
+def _stmt(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+LD_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+
+
+def _errno(code: int) -> int:
+    return 0x00050000 | code
+
+
+def supported() -> bool:
+    return platform.machine() in _ARCHES
+
+
+def filter_program(machine: str | None = None) -> bytes:
+    """The BPF program (bytes of `struct sock_filter`) for this machine's architecture."""
+    arch, calls = _ARCHES[machine or platform.machine()]
+    prog = [_stmt(LD_ABS, 4),                          # seccomp_data.arch
+            _stmt(JEQ, arch, jt=1),
+            _stmt(RET, RET_KILL_PROCESS),
+            _stmt(LD_ABS, 0)]                          # seccomp_data.nr
+    if arch == _ARCHES["x86_64"][0]:
+        prog += [_stmt(JGE, X32_SYSCALL_BIT, jf=1), _stmt(RET, RET_KILL_PROCESS)]
+    for name in DENIED:
+        prog += [_stmt(JEQ, calls[name], jf=1), _stmt(RET, _errno(errno.EPERM))]
+    prog += [_stmt(JEQ, calls["clone3"], jf=1), _stmt(RET, _errno(errno.ENOSYS))]
+    for name in NO_NEW_USER_NAMESPACE:
+        prog += [_stmt(JEQ, calls[name], jf=4),
+                 _stmt(LD_ABS, 16),                    # low 32 bits of the first argument (flags)
+                 _stmt(JSET, CLONE_NEWUSER, jf=1),
+                 _stmt(RET, _errno(errno.EPERM)),
+                 _stmt(RET, RET_ALLOW)]
+    prog.append(_stmt(RET, RET_ALLOW))
+    return b"".join(prog)
