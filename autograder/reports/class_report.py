@@ -30,8 +30,9 @@ def _figure_png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _lab_figure(lab: str, results: list[SubmissionResult], test_ids: list[str]) -> str:
-    """Total score histogram and, per exercise, how many students got each score (one PNG)."""
+def lab_figure(lab: str, results: list[SubmissionResult], test_ids: list[str]):
+    """Total score histogram and, per exercise, how many students got 0, some or all of its
+    points (one matplotlib figure; counts and scores on integer ticks)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -60,9 +61,7 @@ def _lab_figure(lab: str, results: list[SubmissionResult], test_ids: list[str]) 
     ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.invert_yaxis()
     ax2.legend(loc="lower right", fontsize="small")
-    img = _figure_png(fig)
-    plt.close(fig)
-    return img
+    return fig
 
 
 def _lab_section(lab: str, rows: list[GradeRow], results: list[SubmissionResult]) -> list[str]:
@@ -76,8 +75,14 @@ def _lab_section(lab: str, rows: list[GradeRow], results: list[SubmissionResult]
              f"{statuses['error']} errors, {statuses[GRADER_ERROR]} grader errors, "
              f"{statuses['not submitted']} not submitted; mean score of the submissions {mean:.2f} / {max_score:g}</p>"]
     if results:
-        parts.append(f"<img alt='{html_text(lab)} figures' src='data:image/png;base64,"
-                     f"{_lab_figure(lab, results, test_ids)}'>")
+        import matplotlib.pyplot as plt
+
+        fig = lab_figure(lab, results, test_ids)
+        try:
+            img = _figure_png(fig)
+        finally:
+            plt.close(fig)
+        parts.append(f"<img alt='{html_text(lab)} figures' src='data:image/png;base64,{img}'>")
     parts.append("<table><tr><th>test</th><th>failure rate</th><th>most common message</th></tr>")
     for grade_id in test_ids:
         outcomes = [t for r in results for t in r.tests if t.grade_id == grade_id]
