@@ -260,11 +260,28 @@ def _zip_parts(info: zipfile.ZipInfo, caps: GradingCaps) -> tuple[list[str], lis
     return parts, keys
 
 
+def _check_directory_size(archive: Path, caps: GradingCaps) -> None:
+    """Refuse a zip whose central directory alone is too big to be `caps.files` honest entries,
+    before zipfile builds one object per entry (millions of tiny entries cost memory and time)."""
+    try:
+        with open(archive, "rb") as fp:
+            end = zipfile._EndRecData(fp)   # the end-of-directory record: counts and sizes only
+    except (OSError, ValueError, AttributeError):
+        return   # zipfile itself reports what is wrong below
+    if not end:
+        return
+    entries, size = end[zipfile._ECD_ENTRIES_TOTAL], end[zipfile._ECD_SIZE]
+    most = caps.files * (46 + caps.name_bytes * (caps.path_depth + 1) + caps.path_depth + 1024)
+    if entries > caps.files or size > most:
+        raise SubmissionError(f"zip holds {entries} entries in a {_size(size)} directory (cap `files` is {caps.files})")
+
+
 def _unzip(archive: Path, dest: Path, caps: GradingCaps) -> None:
     """Check every entry of `archive` against the caps, then extract it into the new `dest`."""
     size = os.lstat(archive).st_size
     if size > caps.total_bytes:
         raise SubmissionError(f"the zip is {_size(size)} (cap `total_bytes` is {_size(caps.total_bytes)})")
+    _check_directory_size(archive, caps)
     try:
         zf = zipfile.ZipFile(archive)
     except UnicodeDecodeError:

@@ -3,14 +3,13 @@ submissions are graded in parallel and a grader-side failure stays with its subm
 from __future__ import annotations
 
 import secrets
-import shutil
 from pathlib import Path
 
 from ..course.labspec import LabSpec
 from ..isolation.sandbox import Limits, Sandbox
 from .engine import grade_submission
 from .results import SubmissionResult, TestOutcome
-from .uploads import copy_plain_files
+from .uploads import copy_plain_files, remove_tree
 
 _slot = 0
 
@@ -39,5 +38,8 @@ def grade_job(job: dict) -> dict:
                                   message=f"grader error: {type(exc).__name__}: {exc}", retry=True,
                                   tests=[TestOutcome(t.grade_id, t.points, 0.0, "not graded") for t in spec.tests])
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        try:   # iterative: student code may have left a tree thousands of levels deep
+            remove_tree(scratch)
+        except OSError:
+            pass
     return result.to_dict()

@@ -123,7 +123,7 @@ def build_class(subs):
         os.mknod(dev, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
     except PermissionError:
         os.mkfifo(dev)
-    _deep(folder("deepdir", "deeper than", {NB_PATH: good}), 3000)
+    _deep(folder("deepdir", "deeper than", {NB_PATH: good}), 2100)   # past PATH_MAX
     os.mkdir(os.fsencode(folder("undecodable", "not valid UTF-8", {NB_PATH: good})) + b"/\xc3\x28")
     folder("toomany", "cap `files`", {NB_PATH: good, **{f"{LAB_NAME}/f{i}.txt": "x" for i in range(600)}})
     folder("emptylab", "holds no notebook", {f"{LAB_NAME}/README": "nothing here"})

@@ -215,7 +215,7 @@ def _deep_tree(top, levels):
 def test_trees_thousands_of_levels_deep_are_refused_and_removed_without_recursion(tmp_path):
     subs = tmp_path / "subs"
     _nb(subs / "abyss" / "b01" / "b01.ipynb")
-    _deep_tree(subs / "abyss" / "b01", 5000)
+    _deep_tree(subs / "abyss" / "b01", 2100)   # the path outgrows PATH_MAX (4096)
     found, reasons = _reasons(subs, tmp_path)
     assert found == [] and "deeper than 12" in reasons["abyss"]
     remove_tree(subs / "abyss")
@@ -275,3 +275,18 @@ def test_caps_come_from_the_course_config(tmp_path):
             Catalog.load(toml)
     toml.write_text("[grading]\nfiles = 7\n")
     assert Catalog.load(toml).caps == GradingCaps(files=7)
+
+
+def test_a_zip_of_a_million_entries_is_refused_from_its_directory_record(tmp_path):
+    """zipfile would build an object per entry before any count could be checked."""
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    entry = b"PK\x01\x02" + bytes(24) + (1).to_bytes(2, "little") + bytes(16) + b"x"   # 47-byte central entries
+    n = 1_000_000
+    directory = entry * n
+    end = b"PK\x05\x06" + bytes(4) + (0xFFFF).to_bytes(2, "little") * 2 + len(directory).to_bytes(4, "little") + \
+        bytes(4) + bytes(2)
+    (subs / "million.zip").write_bytes(directory + end)
+    start = time.monotonic()
+    found, reasons = _reasons(subs, tmp_path)
+    assert time.monotonic() - start < 2 and "cap `files`" in reasons["million"], reasons
