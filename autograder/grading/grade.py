@@ -8,12 +8,16 @@ summaries. Each submission runs in its own sandbox (autograder.isolation.sandbox
 tests run in a clean process (autograder.grading.engine). A finished result is written atomically
 and not redone on a later run unless the submission, the lab or `--regrade` says so, so an
 interrupted grading run resumes where it stopped.
+
+Uploads are read first (autograder.grading.uploads, under the course's `[grading]` caps): a
+malformed one is that student's 0 with its reason, published like any result. grades.csv
+(autograder.reports.grades_csv) and report.html are written whatever happens; rows whose status
+is "grader error" are the grader's failures, and make `camp grade` exit non-zero.
 """
 from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
 import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
