@@ -13,6 +13,7 @@ any script or remote resource. The page loads nothing: no CDN, no font, no MathJ
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 from ..catalog import GradingCaps
@@ -53,9 +54,22 @@ def _markdown():
     return _markdown_renderer()
 
 
+_MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+?\$", re.S)
+
+
 def render_markdown(source: str) -> str:
-    """Student markdown as safe HTML (no raw tags, scripts, remote images or javascript: links)."""
-    return _markdown()(inert(source, keep="\n\t"))
+    """Student markdown as safe HTML (no raw tags, scripts, remote images or javascript: links).
+    TeX ($...$, $$...$$) is kept verbatim as code: markdown would eat its backslashes, and
+    rendering it would need MathJax from the network."""
+    math: list[str] = []
+
+    def stash(m: re.Match) -> str:
+        math.append(m.group(0))
+        return f"CAMPMATH{len(math) - 1}X"
+
+    html = _markdown()(_MATH.sub(stash, inert(source, keep="\n\t")))
+    return re.sub(r"CAMPMATH(\d+)X", lambda m: f"<code class='math'>{html_text(math[int(m.group(1))])}</code>"
+                  if int(m.group(1)) < len(math) else m.group(0), html)
 
 
 def _pre(text: str) -> str:

@@ -91,3 +91,10 @@ def test_an_unreadable_notebook_still_gets_its_verdicts(spec, tmp_path):
     write_feedback_html(spec, _result(spec, failed=[t.grade_id for t in spec.tests]), nb, dest)
     page = dest.read_text(encoding="utf-8")
     assert "could not be read" in page and page.count("FAILED") == len(spec.tests)
+
+
+def test_tex_is_kept_verbatim_not_eaten_by_markdown():
+    from autograder.reports.feedback import render_markdown
+    html = render_markdown(r"as $\mathrm{softmax}\big(QK^\top/\sqrt{d}\big)\,V$ and $$x_{i} < y_{j}$$")
+    assert r"<code class='math'>$\mathrm{softmax}\big(QK^\top/\sqrt{d}\big)\,V$</code>" in html
+    assert "<code class='math'>$$x_{i} &lt; y_{j}$$</code>" in html
