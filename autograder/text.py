@@ -16,6 +16,11 @@ _UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n")
 
 
+def unsafe_char(ch: str) -> bool:
+    """A character that is invisible, reorders text, drives a terminal or is not decodable."""
+    return unicodedata.category(ch) in _UNSAFE_CATEGORIES
+
+
 def _escape_char(ch: str) -> str:
     code = ord(ch)
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
@@ -32,8 +37,7 @@ def inert(text: object, limit: int | None = None, keep: str = "") -> str:
         cut = True
     else:
         cut = False
-    out = "".join(_escape_char(c) if c not in keep and unicodedata.category(c) in _UNSAFE_CATEGORIES else c
-                  for c in s)
+    out = "".join(_escape_char(c) if c not in keep and unsafe_char(c) else c for c in s)
     if limit is not None and len(out) > limit:
         out, cut = out[:limit], True
     return out + ("..." if cut else "")

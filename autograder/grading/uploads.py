@@ -23,10 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from ..catalog import GradingCaps
-from ..text import inert
+from ..text import inert, unsafe_char
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
-_NAME_UNSAFE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
 _ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate",
                 zipfile.ZIP_BZIP2: "bzip2", zipfile.ZIP_LZMA: "lzma"}
 _CHUNK = 2**16
@@ -87,8 +86,8 @@ def _size(n: int) -> str:
 
 
 def check_name(name: str, caps: GradingCaps | None) -> str:
-    """`name` (one path component) if it is a sane file name, else SubmissionError; returns the
-    key two names collide under (Unicode NFC and case folded: the same file on macOS/Windows)."""
+    """Check one path component (SubmissionError saying what is wrong with it) and return the key
+    two names collide under (Unicode NFC and case folded: the same file on macOS/Windows)."""
     shown = inert(name, 80)
     try:
         raw = name.encode("utf-8")
@@ -100,7 +99,7 @@ def check_name(name: str, caps: GradingCaps | None) -> str:
         raise SubmissionError(f"holds a path with an empty, '.' or '..' part ({shown!r}): it points outside the submission")
     if "\\" in name or ":" in name or "/" in name:
         raise SubmissionError(f"holds a name with a backslash, colon or drive letter ({shown!r})")
-    if any(unicodedata.category(c) in _NAME_UNSAFE for c in name):
+    if any(unsafe_char(c) for c in name):
         raise SubmissionError(f"holds a name with control or invisible characters ({shown!r})")
     return unicodedata.normalize("NFC", name).casefold()
 
