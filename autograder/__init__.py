@@ -14,10 +14,11 @@ Where things live (one role per folder):
 | `grading/`      | the trusted side of camp grade: `grade` (a class), `worker` (one submission  |
 |                 | in a pool process), `engine` (cells and tests), `program` (which cells run), |
 |                 | `remote` + `wire` (stand-ins for the student's objects), `forbid`,           |
-|                 | `uploads` (reading submissions), `results` (outcomes and their store)        |
+|                 | `uploads` (reading submissions under the `[grading]` caps), `results`        |
+|                 | (outcomes and their store)                                                  |
 | `isolation/`    | where student code runs: `sandbox` (start/stop/talk), `sandbox_init` (the    |
 |                 | first program inside it), `student_process` (runs the student's cells)       |
 | `reports/`      | what people read: `feedback` (per student), `class_report` (report.html),    |
 |                 | `gradebook` (nbgrader's sqlite), `formgrader` (autograded/ for Formgrader),  |
-|                 | grades.csv                                                                   |
+|                 | `grades_csv` (grades.csv)                                                    |
 """

@@ -66,8 +66,38 @@ class CatalogError(ValueError):
 
 
 @dataclass(frozen=True)
+class GradingCaps:
+    """Bounds on what a submission may hold (course/labs.toml `[grading]`): checked while reading an
+    upload, before anything scans, parses or renders it, so an absurd upload costs bounded time,
+    memory and disk and ends as that student's error."""
+    notebook_bytes: int = 20 * 2**20   # one .ipynb file
+    cell_bytes: int = 2**20            # one cell's source
+    files: int = 500                   # files and folders in one student's upload
+    total_bytes: int = 100 * 2**20     # all files of one upload (a zip: unpacked and packed)
+    path_depth: int = 12               # folders above a file inside the upload
+    name_bytes: int = 128              # one file or folder name, UTF-8
+    zip_ratio: int = 100               # unpacked / packed bytes of one zip member
+    json_depth: int = 64               # nesting of lists and objects in a notebook
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GradingCaps":
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise CatalogError(f"[grading] has unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        for key, value in d.items():
+            if type(value) is not int or value < 1:
+                raise CatalogError(f"[grading] {key} must be a positive integer, not {value!r}")
+        caps = cls(**d)
+        if caps.cell_bytes > caps.notebook_bytes or caps.notebook_bytes > caps.total_bytes:
+            raise CatalogError("[grading] needs cell_bytes <= notebook_bytes <= total_bytes")
+        return caps
+
+
+@dataclass(frozen=True)
 class Catalog:
     labs: tuple[Lab, ...]
+    caps: GradingCaps = field(default_factory=GradingCaps)
 
     @classmethod
     def load(cls, path: Path | None = None) -> "Catalog":
@@ -75,7 +105,10 @@ class Catalog:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
         labs = tuple(_lab_from_dict(d) for d in raw.get("lab", []))
-        catalog = cls(labs)
+        grading = raw.get("grading", {})
+        if not isinstance(grading, dict):
+            raise CatalogError("course/labs.toml: [grading] must be a table")
+        catalog = cls(labs, GradingCaps.from_dict(grading))
         catalog.validate()
         return catalog
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .catalog import LEVELS, Catalog, repo_root
-from .text import format_table
+from .text import format_table, inert
 
 
 def cmd_list(args, catalog: Catalog, root: Path) -> int:
@@ -80,11 +80,22 @@ def cmd_grade(args, catalog: Catalog, root: Path) -> int:
         options = GradeOptions(jobs=args.jobs, isolation=args.isolation, regrade=args.regrade)
         rows = grade(subs, catalog, root, out, args.lab, options)
     except (GradingSetupError, KeyError) as exc:
-        print(f"camp grade: {exc}", file=sys.stderr)
+        print(f"camp grade: {inert(exc, 2000)}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a grader bug stopped the run: the grade sheet holds what was finished
+        print(f"camp grade: grading stopped by an unexpected error ({type(exc).__name__}: {inert(exc, 2000)}); "
+              f"{out / 'grades.csv'} lists what was graded and the rest as grader errors", file=sys.stderr)
+        return 1
     print(format_table(["student", "lab", "score", "max", "status", "message"],
                        [[r.student, r.lab, f"{r.score:g}", f"{r.max_score:g}", r.status, r.message] for r in rows]))
     print(f"\ngrades: {out / 'grades.csv'}   report: {out / 'report.html'}   feedback: {out / 'feedback'}")
+    failed = [r for r in rows if r.grader_failed]
+    if failed:  # the grader's fault, not the students': the instructor must look (students' failures exit 0)
+        print(f"\ncamp grade: the grader failed on {len(failed)} submission(s); run again to retry them:",
+              file=sys.stderr)
+        for r in failed:
+            print(f"  {inert(r.student, 80)} {inert(r.lab, 40)}: {inert(r.message, 300)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -8,20 +8,23 @@ summaries. Each submission runs in its own sandbox (autograder.isolation.sandbox
 tests run in a clean process (autograder.grading.engine). A finished result is written atomically
 and not redone on a later run unless the submission, the lab or `--regrade` says so, so an
 interrupted grading run resumes where it stopped.
+
+Uploads are read first (autograder.grading.uploads, under the course's `[grading]` caps): a
+malformed one is that student's 0 with its reason, published like any result. grades.csv
+(autograder.reports.grades_csv) and report.html are written whatever happens; rows whose status
+is "grader error" are the grader's failures, and make `camp grade` exit non-zero.
 """
 from __future__ import annotations
 
-import csv
 import multiprocessing
 import os
-import shutil
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..catalog import Catalog, Lab
+from ..catalog import Catalog, GradingCaps, Lab
 from ..course.labspec import LabSpec
 from ..course.nbgrader_setup import nbgrader_api, nbgrader_config
 from ..isolation import cgroups
@@ -36,19 +39,12 @@ from ..reports.class_report import write_report
 from ..reports.feedback import write_feedback_html
 from ..reports.formgrader import publish_for_formgrader
 from ..reports.gradebook import record
+from ..reports.grades_csv import GRADER_ERROR, GradeRow, write_grades_csv
+from ..text import html_text, inert
 from .results import SubmissionResult, TestOutcome, load_result, result_key, save_result
-from .uploads import Submission, collect, copy_plain_files
+from .uploads import Rejected, Submission, collect, copy_plain_files, remove_tree
 
-
-@dataclass
-class GradeRow:
-    student: str
-    lab: str
-    score: float
-    max_score: float
-    status: str          # graded | error | not submitted
-    message: str = ""
-    feedback: str = ""
+__all__ = ["GradeOptions", "GradeRow", "GradingSetupError", "grade", "resolve_isolation"]
 
 
 @dataclass
@@ -95,57 +91,179 @@ def resolve_isolation(requested: str) -> str:
 
 def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_lab: str | None = None,
           options: GradeOptions = GradeOptions()) -> list[GradeRow]:
-    """Grade every submission under `submissions_dir`; write grades.csv, report.html, feedback."""
+    """Grade every submission under `submissions_dir`; write grades.csv, report.html, feedback.
+
+    A submission's failure (a bad upload, a grader bug on it) is that submission's row; whatever
+    stops the run midway, grades.csv and report.html are written with what is known, and the
+    submissions left unfinished are listed as grader errors."""
     isolation = resolve_isolation(options.isolation)
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.chmod(out, 0o700)
-    subs, rejected = collect(submissions_dir, out / "unpacked")
-    rows = [GradeRow(r.student, "-", 0.0, 0.0, "error", r.reason) for r in rejected]
-    by_lab, unknown = _by_lab(subs, catalog, only_lab)
-    rows += unknown
-    students = sorted({s.student for s in subs} | {r.student for r in rejected})
-    results: dict[tuple[str, str], SubmissionResult] = {}
-    jobs = []
-    scratch_root = Path(tempfile.mkdtemp(prefix="camp-sandboxes-"))   # 0700: the grader's only
-    share = _share(options)
-    for lab_id, lab_subs in by_lab.items():
-        lab = catalog.get(lab_id)
-        spec = _install_source(lab, root, out)
-        submitted = {s.student: s for s in lab_subs}
-        for student in students:
-            if student not in submitted:
-                rows.append(GradeRow(student, lab.id, 0.0, spec.max_score, "not submitted"))
+    run = _Run(out, catalog.caps)
+    scratch_root = None
+    try:
+        subs, rejected = collect(submissions_dir, out / "unpacked", catalog.caps)
+        by_lab, unknown = _by_lab(subs, catalog, only_lab)
+        for row in unknown:
+            run.add(row)
+        in_lab, whole = _sort_rejections(rejected, catalog, only_lab, run)
+        students = sorted({s.student for s in subs} | {r.student for r in rejected if r.valid_id})
+        jobs = []
+        attached: set[str] = set()   # students whose whole-upload rejection is in a lab's row
+        scratch_root = Path(tempfile.mkdtemp(prefix="camp-sandboxes-"))   # 0700: the grader's only
+        share = _share(options)
+        for lab_id, lab_subs in by_lab.items():
+            lab = catalog.get(lab_id)
+            spec = _install_source(lab, root, out)
+            submitted = {s.student: s for s in lab_subs}
+            for student in students:
+                reason = in_lab.get((student, lab.id))
+                if not reason and student not in submitted and student in whole:
+                    reason = whole[student]
+                    attached.add(student)
+                if reason:
+                    remove_tree(out / "submitted" / student / lab.name)   # never show an older upload
+                    run.publish(lab, _rejected_result(student, lab, spec, reason))
+                    continue
+                if student not in submitted:
+                    run.add(GradeRow(student, lab.id, 0.0, spec.max_score, "not submitted"))
+                    continue
+                run.pending[(student, lab.id)] = spec.max_score
+                try:
+                    job = _prepare(out, root, lab, submitted[student], options, isolation, scratch_root, share)
+                except Exception as exc:  # a grader-side failure on this submission only
+                    run.add(GradeRow(student, lab.id, 0.0, spec.max_score, GRADER_ERROR,
+                                     f"could not prepare the submission: {type(exc).__name__}: {exc}"))
+                    continue
+                if isinstance(job, SubmissionResult):  # finished in an earlier run
+                    run.publish(lab, job)
+                else:
+                    jobs.append(job)
+        for student, reason in sorted(whole.items()):
+            if student in attached:
                 continue
-            dest = out / "submitted" / student / lab.name
-            copy_plain_files(submitted[student].path, dest)
-            key = result_key(dest, out / "source" / lab.name / lab.notebook)
-            cached = None if options.regrade else load_result(out, lab.name, student, key)
-            if cached:
-                results[(student, lab.id)] = cached
+            run.add(GradeRow(student, "", 0.0, 0.0, "error", reason))
+        crowded = []
+        for job, result, starved in _run_jobs(jobs, options.jobs, isolation):  # published while others run
+            if starved and options.jobs > 1:
+                crowded.append(job)   # timed out while short of CPU: graded again alone before it counts
                 continue
-            jobs.append({"student": student, "lab": lab.id, "lab_name": lab.name, "key": key,
-                         "source": str(out / "source" / lab.name / lab.notebook), "submission": str(dest),
-                         "lab_files": str(lab.release_path(root).parent),
-                         "scratch_root": str(scratch_root), "isolation": isolation,
-                         "forbid": list(lab.forbid), "threads": share["threads"],
-                         "limits": {**asdict(options.limits), "cpus": share["cpus"], "memory_mb": share["memory_mb"],
-                                    "cell_seconds": float(options.cell_timeout or lab.cell_timeout)}})
-    for student, lab_id in sorted(results):  # finished in an earlier run
-        rows.append(_publish(out, catalog.get(lab_id), results[(student, lab_id)]))
-    crowded = []
-    for job, result, starved in _run_jobs(jobs, options.jobs, isolation):  # published while others still run
-        if starved and options.jobs > 1:
-            crowded.append(job)   # timed out while short of CPU: graded again alone before it counts
-            continue
-        rows.append(_finish(out, catalog.get(job["lab"]), job, result, results))
-    for job, result, _ in _run_jobs(crowded, 1, isolation):
-        rows.append(_finish(out, catalog.get(job["lab"]), job, result, results))
-    shutil.rmtree(scratch_root, ignore_errors=True)
-    rows.sort(key=lambda r: (r.student, r.lab))
-    write_csv(rows, out / "grades.csv")
-    write_report(list(results.values()), out / "report.html")
-    return rows
+            run.finish(catalog.get(job["lab"]), job, result)
+        for job, result, _ in _run_jobs(crowded, 1, isolation):
+            run.finish(catalog.get(job["lab"]), job, result)
+    except BaseException as exc:
+        for (student, lab_id), max_score in sorted(run.pending.items()):
+            run.add(GradeRow(student, lab_id, 0.0, max_score, GRADER_ERROR,
+                             f"grading stopped before this submission finished: {type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        for cleanup in (scratch_root, out / "unpacked"):
+            try:
+                if cleanup:
+                    remove_tree(cleanup)
+            except OSError:
+                pass
+        run.write_summaries()
+    return run.rows
+
+
+class _Run:
+    """The rows of one grading run and the outputs made from them (grade sheet, report)."""
+
+    def __init__(self, out: Path, caps: GradingCaps):
+        self.out, self.caps = out, caps
+        self.rows: list[GradeRow] = []
+        self.results: dict[tuple[str, str], SubmissionResult] = {}
+        self.pending: dict[tuple[str, str], float] = {}   # (student, lab id) -> max score, not yet in rows
+
+    def add(self, row: GradeRow) -> None:
+        self.pending.pop((row.student, row.lab), None)
+        self.rows.append(row)
+
+    def publish(self, lab: Lab, result: SubmissionResult) -> None:
+        """Gradebook, feedback and row for one result; a failure here is a grader error row."""
+        try:
+            row = _publish(self.out, lab, result, self.caps)
+            self.results[(result.student, lab.id)] = result
+        except Exception as exc:
+            row = GradeRow(result.student, lab.id, 0.0, result.max_score, GRADER_ERROR,
+                           f"publishing the result failed: {type(exc).__name__}: {exc}")
+        self.add(row)
+
+    def finish(self, lab: Lab, job: dict, result: SubmissionResult) -> None:
+        """Save a freshly graded result (so a later run resumes after it), then publish it."""
+        try:
+            save_result(self.out, lab.name, result, job["key"])
+        except OSError as exc:
+            result.notes.append(f"grader: the result could not be saved ({exc.strerror}); it is regraded next run")
+        self.publish(lab, result)
+
+    def write_summaries(self) -> None:
+        self.rows.sort(key=lambda r: (r.student, r.lab))
+        write_grades_csv(self.rows, self.out / "grades.csv")
+        try:
+            write_report(self.rows, list(self.results.values()), self.out / "report.html")
+        except Exception as exc:  # the grade sheet is written; say why the report is not
+            (self.out / "report.html").write_text(
+                "<!doctype html><meta charset='utf-8'><title>LLM Camp grading report</title>"
+                f"<p>The report could not be drawn ({html_text(type(exc).__name__)}: {html_text(exc, 300)}); "
+                "grades.csv is complete.</p>")
+
+
+def _sort_rejections(rejected: list[Rejected], catalog: Catalog, only_lab: str | None, run: _Run):
+    """Rejections inside a lab folder keyed by (student, lab id), rejections of whole uploads by
+    student; invalid ids and folders of unknown labs become rows right away."""
+    in_lab: dict[tuple[str, str], str] = {}
+    whole: dict[str, str] = {}
+    wanted = catalog.get(only_lab).id if only_lab else None
+    for r in rejected:
+        if not r.valid_id:
+            run.add(GradeRow(r.student, "", 0.0, 0.0, "error", r.reason))
+        elif not r.lab:
+            if r.student in whole:
+                run.add(GradeRow(r.student, "", 0.0, 0.0, "error", r.reason))
+            else:
+                whole[r.student] = r.reason
+        else:
+            try:
+                lab = catalog.get(r.lab)
+            except KeyError:
+                if not wanted:
+                    run.add(GradeRow(r.student, inert(r.lab, 80), 0.0, 0.0, "error",
+                                     f"unknown lab folder {inert(r.lab, 80)!r}: {r.reason}"))
+                continue
+            if wanted and lab.id != wanted:
+                continue
+            if lab.status != "ready":
+                run.add(GradeRow(r.student, lab.id, 0.0, 0.0, "error", f"lab {lab.id} is not released yet"))
+                continue
+            in_lab[(r.student, lab.id)] = r.reason
+    return in_lab, whole
+
+
+def _rejected_result(student: str, lab: Lab, spec: LabSpec, reason: str) -> SubmissionResult:
+    return SubmissionResult(student, lab.id, "error", max_score=spec.max_score, message=reason,
+                            tests=[TestOutcome(t.grade_id, t.points, 0.0, "not graded: the upload was rejected")
+                                   for t in spec.tests])
+
+
+def _prepare(out: Path, root: Path, lab: Lab, sub: Submission, options: GradeOptions, isolation: str,
+             scratch_root: Path, share: dict) -> dict | SubmissionResult:
+    """Copy one checked submission into the workspace: its cached result if still valid, else its job."""
+    dest = out / "submitted" / sub.student / lab.name
+    copy_plain_files(sub.path, dest)
+    key = result_key(dest, out / "source" / lab.name / lab.notebook)
+    cached = None if options.regrade else load_result(out, lab.name, sub.student, key)
+    if cached:
+        return cached
+    return {"student": sub.student, "lab": lab.id, "lab_name": lab.name, "key": key,
+            "source": str(out / "source" / lab.name / lab.notebook), "submission": str(dest),
+            "lab_files": str(lab.release_path(root).parent),
+            "scratch_root": str(scratch_root), "isolation": isolation,
+            "forbid": list(lab.forbid), "threads": share["threads"],
+            "limits": {**asdict(options.limits), "cpus": share["cpus"], "memory_mb": share["memory_mb"],
+                       "cell_seconds": float(options.cell_timeout or lab.cell_timeout)}}
 
 
 def _by_lab(subs: list[Submission], catalog: Catalog, only_lab: str | None):
@@ -180,12 +298,6 @@ def _share(options: GradeOptions) -> dict:
         total_mb = options.limits.memory_mb * options.jobs
     return {"cpus": cores / options.jobs, "threads": max(1, cores // options.jobs),
             "memory_mb": int(min(options.limits.memory_mb, total_mb * 0.9 // options.jobs))}
-
-
-def _finish(out: Path, lab: Lab, job: dict, result: SubmissionResult, results: dict) -> GradeRow:
-    save_result(out, lab.name, result, job["key"])
-    results[(result.student, lab.id)] = result
-    return _publish(out, lab, result)
 
 
 def _run_jobs(jobs: list[dict], n: int, isolation: str):
@@ -226,24 +338,17 @@ def _install_source(lab: Lab, root: Path, out: Path) -> LabSpec:
     return LabSpec.from_notebook(out / "source" / lab.name / lab.notebook)
 
 
-def _publish(out: Path, lab: Lab, result: SubmissionResult) -> GradeRow:
+def _publish(out: Path, lab: Lab, result: SubmissionResult, caps: GradingCaps) -> GradeRow:
     """Gradebook, feedback HTML and the grade sheet row for one result (idempotent)."""
     spec = LabSpec.from_notebook(out / "source" / lab.name / lab.notebook)
     record(out / "gradebook.db", lab.name, Path(lab.notebook).stem, result)
     publish_for_formgrader(out, lab, result)
     html = out / "feedback" / result.student / lab.name / lab.notebook.replace(".ipynb", ".html")
-    write_feedback_html(spec, result, out / "submitted" / result.student / lab.name / lab.notebook, html)
+    write_feedback_html(spec, result, out / "submitted" / result.student / lab.name / lab.notebook, html, caps)
     failed = [t for t in result.tests if t.message]
     message = result.message or (result.cell_errors[0] if result.cell_errors and result.score == 0 else "")
     if not message and failed:
         message = "failed: " + ", ".join(t.grade_id for t in failed)
-    return GradeRow(result.student, lab.id, result.score, result.max_score, result.status, message[:300],
+    status = GRADER_ERROR if result.retry else result.status
+    return GradeRow(result.student, lab.id, result.score, result.max_score, status, message[:300],
                     str(html.relative_to(out)))
-
-
-def write_csv(rows: list[GradeRow], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[f.name for f in GradeRow.__dataclass_fields__.values()])
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(asdict(row))

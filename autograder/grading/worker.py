@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 from pathlib import Path
 
 from ..course.labspec import LabSpec
@@ -12,7 +11,7 @@ from ..isolation.sandbox import BASE_UID, Limits, Sandbox
 from ..isolation.uids import UidLease
 from .engine import grade_submission
 from .results import SubmissionResult, TestOutcome
-from .uploads import copy_plain_files
+from .uploads import copy_plain_files, remove_tree
 
 _lease: UidLease | None = None
 _lease_error: Exception | None = None
@@ -54,5 +53,8 @@ def grade_job(job: dict) -> dict:
                                   message=f"grader error: {type(exc).__name__}: {exc}", retry=True,
                                   tests=[TestOutcome(t.grade_id, t.points, 0.0, "not graded") for t in spec.tests])
     finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
+        try:   # iterative: student code may have left a tree thousands of levels deep
+            remove_tree(job_dir)
+        except OSError:
+            pass
     return {"result": result.to_dict(), "starved": starved}

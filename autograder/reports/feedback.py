@@ -1,74 +1,147 @@
-"""Per-student feedback HTML: the student's notebook with every graded test cell replaced by its
-visible part (as released) followed by the grader's verdict. Hidden test source never appears;
-hidden test messages do, because they tell the student what to fix."""
+"""Per-student feedback: one self-contained, offline HTML page.
+
+At the top the points and a PASS/FAIL table (one row per graded test, with its message), then
+the student's notebook with every graded test cell replaced by its visible part (as released)
+followed by the grader's verdict. Hidden test source never appears; hidden test messages do,
+because they tell the student what to fix.
+
+Every byte from the submission is inert here: text is escaped, the student's markdown is
+rendered with raw HTML escaped, unsafe link schemes dropped and images shown as their alt text
+(an image would be a network load), and the page carries a Content-Security-Policy that forbids
+any script or remote resource. The page loads nothing: no CDN, no font, no MathJax.
+"""
 from __future__ import annotations
 
 import functools
-from html import escape
+import re
 from pathlib import Path
 
-import nbformat
-
+from ..catalog import GradingCaps
 from ..course.labspec import LabSpec
 from ..grading.results import SubmissionResult
+from ..text import html_text, inert
+
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+_STYLE = """
+body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.45}
+table{border-collapse:collapse;margin:1rem 0}td,th{border:1px solid #ccc;padding:.25rem .6rem;text-align:left;
+vertical-align:top}pre{background:#f6f8fa;padding:.6rem;overflow-x:auto;white-space:pre-wrap;word-break:break-word}
+.score{font-size:1.4rem;font-weight:bold}.pass{color:#1a7f37;font-weight:bold}.fail{color:#cf222e;font-weight:bold}
+.verdict{border-left:4px solid #cf222e;padding-left:.6rem}.verdict.ok{border-color:#1a7f37}
+.stopped{background:#fff4e5;padding:.6rem;border-left:4px solid #d97706}.cell{margin:1rem 0}
+.md{border-left:2px solid #eee;padding-left:.8rem}
+"""
 
 
-def feedback_notebook(spec: LabSpec, result: SubmissionResult, student_nb) -> nbformat.NotebookNode:
-    by_id = {t.grade_id: t for t in result.tests}
-    visible = {t.grade_id: t.visible_source for t in spec.tests}
-    nb = nbformat.v4.new_notebook(metadata=student_nb.metadata if student_nb is not None else {})
-    nb.cells.append(nbformat.v4.new_markdown_cell(_summary(result)))
-    shown: set[str] = set()
-    for cell in (student_nb.cells if student_nb is not None else []):
-        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if grade_id in visible:
-            if grade_id in shown:
-                continue
-            shown.add(grade_id)
-            nb.cells.append(_verdict_cell(visible[grade_id], by_id[grade_id]))
-        elif cell.cell_type == "code":
-            nb.cells.append(nbformat.v4.new_code_cell(cell.source))
-        elif cell.cell_type == "markdown":
-            nb.cells.append(nbformat.v4.new_markdown_cell(cell.source))
-    for grade_id in visible:  # tests the student deleted still get their verdict
-        if grade_id not in shown:
-            nb.cells.append(_verdict_cell(visible[grade_id], by_id[grade_id]))
-    return nb
+def _markdown_renderer():
+    import mistune
 
+    class SafeRenderer(mistune.HTMLRenderer):
+        """Raw HTML escaped (escape=True), unsafe URL schemes replaced by mistune's safe_url,
+        images shown as their alt text, links that open no referrer."""
 
-def _verdict_cell(source: str, test) -> nbformat.NotebookNode:
-    cell = nbformat.v4.new_code_cell(source)
-    verdict = (f"PASSED {test.grade_id}: {test.score:g} / {test.points:g} points" if not test.message else
-               f"FAILED {test.grade_id}: {test.score:g} / {test.points:g} points\n{test.message}")
-    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=(test.output or "") + verdict + "\n")]
-    return cell
+        def image(self, text: str, url: str, title: str | None = None) -> str:
+            return f"<span class='image'>[image: {text}]</span>"
 
+        def link(self, text: str, url: str, title: str | None = None) -> str:
+            return f"<a href='{self.safe_url(url)}' rel='noreferrer nofollow'>{text}</a>"
 
-def _summary(result: SubmissionResult) -> str:
-    lines = [f"# Feedback: {escape(result.lab)} for {escape(result.student)}",
-             f"**Score: {result.score:g} / {result.max_score:g}**", ""]
-    lines += [f"- `{t.grade_id}`: {t.score:g} / {t.points:g}" + (f" — {escape(t.message.splitlines()[0])}" if t.message else "")
-              for t in result.tests]
-    if result.message:
-        lines += ["", f"**Grading stopped early:** {escape(result.message)}"]
-    if result.cell_errors:
-        lines += ["", "Errors while running your cells:"] + [f"- {escape(e)}" for e in result.cell_errors[:20]]
-    if result.notes:
-        lines += ["", "Notebook structure:"] + [f"- {escape(n)}" for n in result.notes]
-    return "\n".join(lines)
+    return mistune.create_markdown(renderer=SafeRenderer(escape=True), plugins=["table", "strikethrough"])
 
 
 @functools.lru_cache(maxsize=1)
-def _exporter():
-    from nbconvert import HTMLExporter
-    return HTMLExporter(template_name="lab", sanitize_html=True)  # student markdown may hold scripts
+def _markdown():
+    return _markdown_renderer()
 
 
-def write_feedback_html(spec: LabSpec, result: SubmissionResult, student_notebook: Path, dest: Path) -> None:
+_MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+?\$", re.S)
+
+
+def render_markdown(source: str) -> str:
+    """Student markdown as safe HTML (no raw tags, scripts, remote images or javascript: links).
+    TeX ($...$, $$...$$) is kept verbatim as code: markdown would eat its backslashes, and
+    rendering it would need MathJax from the network."""
+    math: list[str] = []
+
+    def stash(m: re.Match) -> str:
+        math.append(m.group(0))
+        return f"CAMPMATH{len(math) - 1}X"
+
+    html = _markdown()(_MATH.sub(stash, inert(source, keep="\n\t")))
+    return re.sub(r"CAMPMATH(\d+)X", lambda m: f"<code class='math'>{html_text(math[int(m.group(1))])}</code>"
+                  if int(m.group(1)) < len(math) else m.group(0), html)
+
+
+def _pre(text: str) -> str:
+    return f"<pre>{html_text(text, keep=chr(10) + chr(9))}</pre>"
+
+
+def _verdict(test, visible_source: str) -> str:
+    passed = not test.message
+    word = "PASSED" if passed else "FAILED"
+    text = (test.output or "") + f"{word} {test.grade_id}: {test.score:g} / {test.points:g} points" + \
+        ("" if passed else "\n" + test.message)
+    return (f"<div class='cell test'>{_pre(visible_source)}"
+            f"<div class='verdict{' ok' if passed else ''}'>{_pre(text)}</div></div>")
+
+
+def _summary(result: SubmissionResult) -> list[str]:
+    parts = [f"<h1>Feedback: {html_text(result.lab)} for {html_text(result.student)}</h1>",
+             f"<p class='score'>Score: {result.score:g} / {result.max_score:g} points</p>"]
+    if result.message:
+        parts.append(f"<p class='stopped'><strong>Grading stopped early:</strong> {html_text(result.message, 2000)}</p>")
+    parts.append("<table><tr><th>test</th><th>points</th><th>verdict</th><th>message</th></tr>")
+    for t in result.tests:
+        verdict = "<span class='pass'>PASS</span>" if not t.message else "<span class='fail'>FAIL</span>"
+        parts.append(f"<tr><td>{html_text(t.grade_id)}</td><td>{t.score:g} / {t.points:g}</td><td>{verdict}</td>"
+                     f"<td>{_pre(t.message) if t.message else ''}</td></tr>")
+    parts.append("</table>")
+    if result.cell_errors:
+        parts.append("<h2>Errors while running your cells</h2><ul>" +
+                     "".join(f"<li>{_pre(e)}</li>" for e in result.cell_errors[:20]) + "</ul>")
+    if result.notes:
+        parts.append("<h2>Notebook structure</h2><ul>" +
+                     "".join(f"<li>{html_text(n, 2000)}</li>" for n in result.notes[:50]) + "</ul>")
+    return parts
+
+
+def feedback_page(spec: LabSpec, result: SubmissionResult, student_nb) -> str:
+    """The whole page; `student_nb` is the student's notebook (None if it could not be read)."""
+    by_id = {t.grade_id: t for t in result.tests}
+    visible = {t.grade_id: t.visible_source for t in spec.tests}
+    parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+             f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">",
+             f"<title>Feedback: {html_text(result.lab)} for {html_text(result.student)}</title>",
+             f"<style>{_STYLE}</style></head><body>"]
+    parts += _summary(result)
+    parts.append("<h2>Your notebook, with the verdicts</h2>")
+    shown: set[str] = set()
+    if student_nb is None:
+        parts.append("<p>Your notebook could not be read, so only the tests are shown.</p>")
+    for cell in (student_nb.cells if student_nb is not None else []):
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if grade_id in visible:
+            if grade_id not in shown and grade_id in by_id:
+                shown.add(grade_id)
+                parts.append(_verdict(by_id[grade_id], visible[grade_id]))
+        elif cell.get("cell_type") == "code":
+            parts.append(f"<div class='cell code'>{_pre(cell.get('source', ''))}</div>")
+        elif cell.get("cell_type") == "markdown":
+            parts.append(f"<div class='cell md'>{render_markdown(cell.get('source', ''))}</div>")
+    for grade_id in visible:  # tests the student deleted still get their verdict
+        if grade_id not in shown and grade_id in by_id:
+            parts.append(_verdict(by_id[grade_id], visible[grade_id]))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_feedback_html(spec: LabSpec, result: SubmissionResult, student_notebook: Path, dest: Path,
+                        caps: GradingCaps = GradingCaps()) -> None:
+    from ..grading.uploads import read_notebook
+
     try:
-        student_nb = nbformat.read(student_notebook, as_version=4)
-    except Exception:
+        student_nb = read_notebook(student_notebook, caps)
+    except Exception:  # missing, rejected or unreadable: the page says so
         student_nb = None
-    html, _ = _exporter().from_notebook_node(feedback_notebook(spec, result, student_nb))
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(html)
+    dest.write_text(feedback_page(spec, result, student_nb), encoding="utf-8")
