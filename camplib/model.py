@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from camplib.attention import KVCache, MultiHeadAttention
+from camplib.losses import cross_entropy
 from camplib.rope import RotaryEmbedding
 
 __all__ = ["GPTConfig", "RMSNorm", "MLP", "SwiGLU", "Block", "GPT", "count_parameters"]
@@ -217,7 +218,7 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:  # at least fp32 (log-softmax over a big vocab in bf16 loses too much)
             loss_dtype = torch.promote_types(logits.dtype, torch.float32)
-            loss = F.cross_entropy(logits.flatten(0, 1).to(loss_dtype), targets.flatten(), ignore_index=-100)
+            loss = cross_entropy(logits.to(loss_dtype), targets, ignore_index=-100)  # camplib.losses
         return logits, loss
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
