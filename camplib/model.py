@@ -35,6 +35,7 @@ class GPTConfig:
     gelu_approximate: str = "tanh"   # "tanh" = GPT-2's gelu_new, "none" = exact erf GELU
     pos: str = "learned"             # "learned" | "rope"
     rope_theta: float = 10000.0
+    rope_pairing: str = "half"       # "half" (HF Llama) | "interleaved" (RoFormer, Meta): camplib.rope
     tie_embeddings: bool = True      # lm_head shares the token embedding matrix
     bias: bool = True                # biases in every Linear and LayerNorm
     norm_eps: float = 1e-5
@@ -42,7 +43,8 @@ class GPTConfig:
 
     def __post_init__(self):
         for field, allowed in [("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu")),
-                               ("gelu_approximate", ("tanh", "none")), ("pos", ("learned", "rope"))]:
+                               ("gelu_approximate", ("tanh", "none")), ("pos", ("learned", "rope")),
+                               ("rope_pairing", ("half", "interleaved"))]:
             if getattr(self, field) not in allowed:
                 raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r}, expected one of {allowed}")
         if self.d_model % self.n_head or self.n_head % self.kv_heads:
@@ -160,7 +162,8 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.pos == "learned" else None
         # one RoPE table shared by every layer (a non-persistent buffer, not a parameter)
-        rope = RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta) if cfg.pos == "rope" else None
+        rope = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_pairing)
+                if cfg.pos == "rope" else None)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, rope) for _ in range(cfg.n_layer))
         self.ln_f = make_norm(cfg)
