@@ -136,7 +136,7 @@ class Trainer:
     # ---- training ------------------------------------------------------------------------
     def train_step(self) -> float:
         """One optimizer step over grad_accum micro-batches; returns its mean loss."""
-        if self.device.type == "cuda":
+        if self.monitors and self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
         micro_batches = [self._next_batch() for _ in range(self.grad_accum)]
@@ -145,8 +145,8 @@ class Trainer:
         if self.clip is not None:
             grad_norm = float(clip_grad_norm_(self.model.parameters(), self.clip))
             self.grad_norms.append(grad_norm)
-        else:
-            grad_norm = _global_grad_norm(self.model.parameters())
+        else:  # measured only for the monitors (it costs a device sync)
+            grad_norm = _global_grad_norm(self.model.parameters()) if self.monitors else float("nan")
         self.lrs.append(self.optimizer.param_groups[0]["lr"])
         self.optimizer.step()
         if self.scheduler is not None:
