@@ -35,13 +35,22 @@ import torch
 __all__ = ["cross_entropy", "log_softmax"]
 
 
-def log_softmax(logits: torch.Tensor) -> torch.Tensor:
-    """log softmax over the last dim, stable for any logit size: z - (m + log sum exp(z - m))."""
+def _shifted(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(z - m, log sum exp(z - m)) with m the row max: every exponent <= 0, the sum in [1, C].
+
+    Losses are computed from z - m, never from logsumexp(z) = m + ... itself: with |z| ~ 1e4,
+    adding m back and subtracting z_y would cancel catastrophically in fp32 (ulp(1e4) ~ 1e-3)."""
     m = logits.amax(dim=-1, keepdim=True).detach()  # a constant shift: it cancels in the gradient
-    # A row of all -inf would give m = -inf and (z - m) = NaN; treat its max as 0 instead.
+    # A row of all -inf would give m = -inf and (z - m) = NaN; shift it by 0 instead.
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     shifted = logits - m
-    return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
+    return shifted, shifted.exp().sum(dim=-1).log()
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """log softmax over the last dim, stable for any logit size: (z - m) - log sum exp(z - m)."""
+    shifted, lse = _shifted(logits)
+    return shifted - lse.unsqueeze(-1)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = -100,
@@ -70,12 +79,12 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: 
     if bool(bad.any()):
         raise ValueError(f"target {int(targets[bad][0])} is outside [0, {n_classes}) and is not "
                          f"ignore_index={ignore_index}")
-    logp = log_softmax(logits)
+    shifted, lse = _shifted(logits)  # -log p_y = lse - (z_y - m): only the target's entry, not all of log p
     safe_targets = torch.where(valid, targets, torch.zeros_like(targets)).long()
-    nll = -logp.gather(-1, safe_targets.unsqueeze(-1)).squeeze(-1)
+    nll = lse - shifted.gather(-1, safe_targets.unsqueeze(-1)).squeeze(-1)
     if label_smoothing > 0:
-        # eps/C on every class: the mean over classes of -log p, weighted by eps
-        nll = (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(dim=-1)
+        # eps/C on every class: the mean over classes of -log p_c = lse - mean(z - m), weighted by eps
+        nll = (1.0 - label_smoothing) * nll + label_smoothing * (lse - shifted.mean(dim=-1))
     per_position = torch.where(valid, nll, torch.zeros_like(nll))
     if reduction == "none":
         return per_position
