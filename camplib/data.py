@@ -10,7 +10,9 @@ get the same split, the same duplicates removed and the same batches:
   never Python's per-process salted `hash`);
 - `pack` concatenates documents separated by an end-of-text id and cuts fixed-size blocks;
 - `make_loader` gives each rank a disjoint shard exactly like `DistributedSampler`, and can
-  resume mid-epoch from a batch index.
+  resume mid-epoch from a batch index;
+- `get_batch` is the other way pre-training code samples (nanoGPT, the CS336 assignments): B
+  random windows of one long token array, which may be a memory-mapped file larger than RAM.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 __all__ = ["stdlib_root", "stdlib_files", "split_files", "read_corpus", "dedup_exact", "shingles", "MinHash",
            "estimate_jaccard", "lsh_params", "near_duplicates", "pack", "BlockDataset",
-           "ShardSampler", "make_loader"]
+           "ShardSampler", "make_loader", "get_batch"]
 
 
 # ---------------------------------------------------------------- corpus and split
@@ -286,3 +288,39 @@ def make_loader(blocks: torch.Tensor, batch_size: int, rank: int = 0, world_size
     sampler = ShardSampler(len(blocks), rank, world_size, seed, epoch, shuffle, drop_last,
                            start=start_batch * batch_size)
     return DataLoader(BlockDataset(blocks), batch_size=batch_size, sampler=sampler, num_workers=num_workers)
+
+
+def get_batch(tokens, batch_size: int, context_length: int, device: str | torch.device = "cpu",
+              generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets), both int64 (batch_size, context_length) on `device`: B windows of
+    `tokens` starting at uniformly random offsets, targets shifted by one token.
+
+    `tokens` is a 1-D numpy array, an `np.memmap` of a token file, or a tensor. Offsets are drawn
+    from `generator` (a CPU torch.Generator; the global RNG when None), so a seeded generator
+    gives the same batches on every machine. Only the B windows are read: on a memmap the
+    operating system pages in those few kilobytes, never the file, so the file can be far
+    larger than memory (tests/camplib/test_data.py samples a 4 GiB file under a 256 MiB limit).
+
+    Unlike `pack` + `make_loader` (fixed, non-overlapping blocks, each seen once per epoch),
+    windows may overlap and repeat, and every offset is possible: there is no epoch, the usual
+    regime of pre-training, where the corpus is seen about once anyway.
+    """
+    if getattr(tokens, "ndim", 1) != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
+    if batch_size < 1 or context_length < 1:
+        raise ValueError(f"batch_size and context_length must be >= 1, got {batch_size}, {context_length}")
+    n = len(tokens)
+    if n < context_length + 1:
+        raise ValueError(f"{n} tokens cannot fill a window of context_length + 1 = {context_length + 1}")
+    starts = torch.randint(0, n - context_length, (batch_size,), generator=generator)  # s + T <= n - 1
+    if isinstance(tokens, torch.Tensor):
+        windows = tokens[starts[:, None] + torch.arange(context_length + 1)].long()
+    else:  # numpy array or memmap: fancy indexing copies just these B * (T + 1) elements
+        index = starts.numpy()[:, None] + np.arange(context_length + 1)
+        windows = torch.from_numpy(np.asarray(tokens[index]).astype(np.int64))
+    x, y = windows[:, :-1], windows[:, 1:]
+    device = torch.device(device)
+    if device.type == "cuda":  # pinned host memory lets the copy overlap with compute
+        x, y = x.contiguous().pin_memory(), y.contiguous().pin_memory()
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    return x.contiguous().to(device), y.contiguous().to(device)

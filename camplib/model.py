@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from camplib.attention import KVCache, MultiHeadAttention
+from camplib.losses import cross_entropy
 from camplib.rope import RotaryEmbedding
 
 __all__ = ["GPTConfig", "RMSNorm", "MLP", "SwiGLU", "Block", "GPT", "count_parameters"]
@@ -37,6 +38,7 @@ class GPTConfig:
     gelu_approximate: str = "tanh"   # "tanh" = GPT-2's gelu_new, "none" = exact erf GELU
     pos: str = "learned"             # "learned" | "rope"
     rope_theta: float = 10000.0
+    rope_pairing: str = "half"       # "half" (HF Llama) | "interleaved" (RoFormer, Meta): camplib.rope
     tie_embeddings: bool = True      # lm_head shares the token embedding matrix
     bias: bool = True                # biases in every Linear and LayerNorm
     norm_eps: float = 1e-5
@@ -44,7 +46,8 @@ class GPTConfig:
 
     def __post_init__(self):
         for field, allowed in [("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu")),
-                               ("gelu_approximate", ("tanh", "none")), ("pos", ("learned", "rope"))]:
+                               ("gelu_approximate", ("tanh", "none")), ("pos", ("learned", "rope")),
+                               ("rope_pairing", ("half", "interleaved"))]:
             if getattr(self, field) not in allowed:
                 raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r}, expected one of {allowed}")
         if self.d_model % self.n_head or self.n_head % self.kv_heads:
@@ -162,7 +165,8 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.pos == "learned" else None
         # one RoPE table shared by every layer (a non-persistent buffer, not a parameter)
-        rope = RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta) if cfg.pos == "rope" else None
+        rope = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_pairing)
+                if cfg.pos == "rope" else None)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, rope) for _ in range(cfg.n_layer))
         self.ln_f = make_norm(cfg)
@@ -220,7 +224,7 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:  # at least fp32 (log-softmax over a big vocab in bf16 loses too much)
             loss_dtype = torch.promote_types(logits.dtype, torch.float32)
-            loss = F.cross_entropy(logits.flatten(0, 1).to(loss_dtype), targets.flatten(), ignore_index=-100)
+            loss = cross_entropy(logits.to(loss_dtype), targets, ignore_index=-100)  # camplib.losses
         return logits, loss
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:

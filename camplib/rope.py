@@ -3,23 +3,40 @@
 RoPE encodes position by rotating pairs of query/key features by an angle proportional to the
 position, so the score q.k depends only on the *distance* between the two tokens.
 
-Which features form a pair is a convention. We use the "half-split" one that Hugging Face Llama
-uses: feature i is paired with feature i + head_dim/2 (`rotate_half`). The original paper pairs
-neighbours (2i, 2i+1); weights trained with one convention need their q/k rows permuted to run
-with the other. With the half-split convention Llama checkpoints load without any permutation.
+Which features form a pair is a convention, chosen by `pairing`:
+- "half" (default): feature i is paired with feature i + head_dim/2 (`rotate_half`), as in
+  Hugging Face's Llama (`apply_rotary_pos_emb`), GPT-NeoX and most HF checkpoints;
+- "interleaved": neighbours (2i, 2i+1) form a pair, as in the RoFormer paper (Su et al., eq. 34)
+  and Meta's original Llama code, which views each pair as one complex number and multiplies it
+  by e^{i m theta_i} (`torch.view_as_complex`).
+Pair i turns by the same angle m * theta^(-2i/d) in both; only the storage order differs. So the
+two are the same model up to a permutation of each head's q and k features: Hugging Face's
+convert_llama_weights_to_hf.py permutes Meta's q/k projection rows so that half-split RoPE gives
+the same scores (`permute_qk_rows` here, both ways; `convert_rope_pairing` for a whole GPT).
+With "half", Llama checkpoints from `transformers` load without any permutation.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-__all__ = ["RotaryEmbedding", "rotate_half"]
+__all__ = ["RotaryEmbedding", "rotate_half", "rotate_interleaved", "permute_qk_rows", "convert_rope_pairing",
+           "PAIRINGS"]
+
+PAIRINGS = ("half", "interleaved")
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """(x1, x2) -> (-x2, x1) on the two halves of the last dim: a 90 degree turn of each pair."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
+    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...): the same 90 degree turn on neighbour pairs
+    (multiplying the complex number x0 + i x1 by i)."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((-odd, even), dim=-1).flatten(-2)
 
 
 class RotaryEmbedding(nn.Module):
@@ -33,15 +50,20 @@ class RotaryEmbedding(nn.Module):
     because `nn.Module.apply(fn)` already exists and is used to initialise weights.
     """
 
-    def __init__(self, head_dim: int, max_seq_len: int, theta: float = 10000.0):
+    def __init__(self, head_dim: int, max_seq_len: int, theta: float = 10000.0, pairing: str = "half"):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
-        self.head_dim, self.max_seq_len, self.theta = head_dim, max_seq_len, theta
+        if pairing not in PAIRINGS:
+            raise ValueError(f"RoPE pairing must be one of {PAIRINGS}, got {pairing!r}")
+        self.head_dim, self.max_seq_len, self.theta, self.pairing = head_dim, max_seq_len, theta, pairing
         # inv_freq[i] = theta^(-2i/d): pair i turns by position * inv_freq[i] radians
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         angles = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        angles = torch.cat((angles, angles), dim=-1)  # (T, head_dim): both halves of a pair share an angle
+        if pairing == "half":  # (T, head_dim): feature i and i + d/2 share angle i
+            angles = torch.cat((angles, angles), dim=-1)
+        else:                  # features 2i and 2i+1 share angle i
+            angles = angles.repeat_interleave(2, dim=-1)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
@@ -62,9 +84,56 @@ class RotaryEmbedding(nn.Module):
             if positions.dim() == 2:  # (B, T, d) -> (B, 1, T, d) to broadcast over heads
                 cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        return x * cos + rotate_half(x) * sin
+        turned = rotate_half(x) if self.pairing == "half" else rotate_interleaved(x)
+        return x * cos + turned * sin
 
     forward = rotate
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, max_seq_len={self.max_seq_len}, theta={self.theta}"
+        return f"head_dim={self.head_dim}, max_seq_len={self.max_seq_len}, theta={self.theta}, pairing={self.pairing}"
+
+
+def permute_qk_rows(weight: torch.Tensor, n_heads: int, to: str) -> torch.Tensor:
+    """Reorder the output rows (features) of a q or k projection, head by head, for `to` pairing.
+
+    to="half" takes interleaved-trained rows (Meta's order: pair i at rows 2i, 2i+1) to the
+    half-split order (pair i at rows i, i + d/2): exactly `permute` in transformers'
+    convert_llama_weights_to_hf.py. to="interleaved" is its inverse. Works on a weight
+    (n_heads * head_dim, d_in) or a bias (n_heads * head_dim,).
+    """
+    if to not in PAIRINGS:
+        raise ValueError(f"to must be one of {PAIRINGS}, got {to!r}")
+    rows = weight.shape[0]
+    if rows % (2 * n_heads):
+        raise ValueError(f"{rows} rows do not split into {n_heads} heads of an even size")
+    rest = weight.shape[1:]
+    if to == "half":  # (head, pair, 2) -> (head, 2, pair)
+        w = weight.reshape(n_heads, rows // n_heads // 2, 2, *rest).transpose(1, 2)
+    else:             # (head, 2, pair) -> (head, pair, 2)
+        w = weight.reshape(n_heads, 2, rows // n_heads // 2, *rest).transpose(1, 2)
+    return w.reshape(weight.shape).contiguous()
+
+
+def convert_rope_pairing(model, pairing: str):
+    """A copy of a camplib GPT with RoPE `pairing` that computes the same function: the q and k
+    rows of every layer's fused qkv projection (weight and bias) permuted per head, everything
+    else copied. (Scores q.k are sums over features, so reordering q and k alike changes
+    nothing; RoPE then rotates the same pairs by the same angles.)"""
+    from dataclasses import replace
+
+    from camplib.model import GPT
+
+    cfg = model.config
+    if cfg.pos != "rope":
+        raise ValueError(f"the model has pos={cfg.pos!r}: no RoPE to convert")
+    new = GPT(replace(cfg, rope_pairing=pairing)).to(next(model.parameters()))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    if pairing != cfg.rope_pairing:
+        q_rows, k_rows = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        for name in [n for n in state if n.endswith(("attn.qkv.weight", "attn.qkv.bias"))]:
+            w = state[name]
+            q, k, v = w[:q_rows], w[q_rows:q_rows + k_rows], w[q_rows + k_rows:]
+            state[name] = torch.cat([permute_qk_rows(q, cfg.n_head, pairing),
+                                     permute_qk_rows(k, cfg.kv_heads, pairing), v])
+    new.load_state_dict(state)
+    return new

@@ -16,12 +16,25 @@ Training is the classic algorithm made fast: pairs are counted once per *unique*
 weighted by its frequency, and after each merge only the words that contain the merged pair are
 updated (an index pair -> words), with a lazy max-heap to find the next pair.
 
-Tie-break: among pairs with the same count, the pair with the lexicographically smallest
-(left id, right id) wins. It does not depend on the order of the corpus. Hugging Face
-`tokenizers` uses the same rule on *its* ids, which order the 256 bytes by their printable
-stand-in character (the space byte becomes "Ġ" = U+0120, after all of ASCII): ties between
-pairs of printable ASCII break the same way, ties involving space, newline or non-ASCII bytes
-may not, and from the first such merge on the two merge lists can drift apart.
+Tie-break: when several pairs share the highest count, which one is merged is a convention, and
+from the first tie broken differently two merge lists drift apart. `train(tie_break=...)`:
+- "tokenizers" (the default): the rule of Hugging Face `tokenizers`' BpeTrainer, the trainer
+  behind most published BPE vocabularies (RoBERTa, BLOOM, Falcon, StarCoder...): the pair with
+  the smallest (left id, right id) in *its* vocabulary order, where the 256 bytes are ordered by
+  their GPT-2 printable stand-in character (`bytes_to_unicode`: "!".."~" first, the space byte
+  "Ġ" = U+0120 late) and merged tokens by when they were learned. Its BinaryHeap compares equal
+  counts by `other.pair.cmp(&self.pair)`; tests/camplib/test_tokenizer.py checks our merge list
+  equals BpeTrainer's exactly.
+- "greatest_bytes": the lexicographically greater pair of byte strings (left bytes, then right
+  bytes), the published rule of Stanford CS336's BPE assignment and its reference tests;
+  checked against a naive trainer written from that definition.
+- "smallest_ids": the smallest pair of our ids (bytes by value, then merge order). The simplest
+  to state and the rule lab b03 teaches; camplib's default before.
+(Trainers that take Python's `max(counts, key=counts.get)`, like minbpe and tiktoken's
+educational trainer, break ties by first occurrence in the corpus: an order, not a rule.)
+
+Streaming: `encode_iterable` encodes a text given in pieces (an open file) lazily, with the same
+ids as `encode` on the whole text, however the pieces are cut.
 """
 from __future__ import annotations
 
@@ -32,14 +45,14 @@ import unicodedata
 from collections import Counter, defaultdict
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 try:
     import regex as _regex_module
 except ImportError:  # pragma: no cover - depends on the environment
     _regex_module = None
 
-__all__ = ["ByteBPE", "GPT2_SPLIT_PATTERN", "SPLIT_BACKEND", "compile_split_pattern", "bytes_to_unicode"]
+__all__ = ["ByteBPE", "TIE_BREAKS", "GPT2_SPLIT_PATTERN", "SPLIT_BACKEND", "compile_split_pattern", "bytes_to_unicode"]
 
 GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 SPLIT_BACKEND = "regex" if _regex_module is not None else "re"
@@ -109,7 +122,39 @@ def _merge_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]
     return out
 
 
-def _learn_merges(word_counts: dict[str, int], n_merges: int) -> list[tuple[int, int]]:
+TIE_BREAKS = ("tokenizers", "greatest_bytes", "smallest_ids")
+_STAND_IN_RANK = {b: r for r, b in enumerate(sorted(range(256), key=lambda b: bytes_to_unicode()[b]))}
+
+
+class _Descending:
+    """Wraps a key so that a min-heap pops the *greatest* first (for "greatest_bytes")."""
+    __slots__ = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+    def __lt__(self, other: "_Descending") -> bool:
+        return self.key > other.key
+
+    def __eq__(self, other) -> bool:
+        return self.key == other.key
+
+
+def _tie_key(tie_break: str, vocab: list[bytes]):
+    """key(pair) whose *smallest* value wins among pairs of equal count."""
+    if tie_break == "smallest_ids":
+        return lambda pair: pair
+    if tie_break == "tokenizers":
+        rank = lambda i: _STAND_IN_RANK[i] if i < 256 else i  # noqa: E731  merged ids all follow the bytes
+        return lambda pair: (rank(pair[0]), rank(pair[1]))
+    if tie_break == "greatest_bytes":
+        return lambda pair: _Descending((vocab[pair[0]], vocab[pair[1]]))
+    raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
+
+
+def _learn_merges(word_counts: dict[str, int], n_merges: int, tie_break: str = "tokenizers") -> list[tuple[int, int]]:
+    vocab = [bytes([b]) for b in range(256)]  # id -> bytes, grown as merges are learned
+    tie_key = _tie_key(tie_break, vocab)
     words = [list(w.encode("utf-8")) for w in word_counts]
     freqs = list(word_counts.values())
     pair_counts: dict[tuple[int, int], int] = defaultdict(int)
@@ -118,19 +163,20 @@ def _learn_merges(word_counts: dict[str, int], n_merges: int) -> list[tuple[int,
         for p in zip(w, w[1:]):
             pair_counts[p] += f
             where[p].add(wi)
-    # max-heap by count, then smallest pair; entries may be stale (count changed since the push)
-    heap = [(-c, p) for p, c in pair_counts.items()]
+    # max-heap by count, then the tie-break key; entries may be stale (count changed since the push)
+    heap = [(-c, tie_key(p), p) for p, c in pair_counts.items()]
     heapq.heapify(heap)
     merges: list[tuple[int, int]] = []
     while len(merges) < n_merges and heap:
-        neg_count, pair = heapq.heappop(heap)
+        neg_count, key, pair = heapq.heappop(heap)
         count = pair_counts.get(pair, 0)
         if count != -neg_count:  # stale: re-queue with the true count
             if count > 0:
-                heapq.heappush(heap, (-count, pair))
+                heapq.heappush(heap, (-count, key, pair))
             continue
         new_id = 256 + len(merges)
         merges.append(pair)
+        vocab.append(vocab[pair[0]] + vocab[pair[1]])
         touched, grown = set(), set()
         for wi in where.pop(pair):
             old = words[wi]
@@ -151,7 +197,7 @@ def _learn_merges(word_counts: dict[str, int], n_merges: int) -> list[tuple[int,
                 del pair_counts[p]
         for p in grown:  # counts that may have risen need a fresh entry (extra ones are harmless)
             if pair_counts[p] > 0:
-                heapq.heappush(heap, (-pair_counts[p], p))
+                heapq.heappush(heap, (-pair_counts[p], tie_key(p), p))
             else:
                 del pair_counts[p]
         pair_counts.pop(pair, None)
@@ -182,8 +228,14 @@ class ByteBPE:
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, special_tokens: Iterable[str] = (),
-              pattern: str = GPT2_SPLIT_PATTERN) -> "ByteBPE":
-        """Learn vocab_size - 256 - len(special_tokens) merges (fewer if the corpus runs out of pairs)."""
+              pattern: str = GPT2_SPLIT_PATTERN, tie_break: str = "tokenizers") -> "ByteBPE":
+        """Learn vocab_size - 256 - len(special_tokens) merges (fewer if the corpus runs out of pairs).
+
+        tie_break: which of equally frequent pairs is merged, "tokenizers" (Hugging Face's
+        BpeTrainer), "greatest_bytes" (CS336) or "smallest_ids" (lab b03): see the module docstring.
+        """
+        if tie_break not in TIE_BREAKS:
+            raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
         special_tokens = list(dict.fromkeys(special_tokens))
         n_merges = vocab_size - 256 - len(special_tokens)
         if n_merges < 0:
@@ -194,7 +246,7 @@ class ByteBPE:
         for text in texts:
             for part in (cut.split(text) if cut else (text,)):  # never learn merges across a special token
                 word_counts.update(split.findall(part))
-        return cls(_learn_merges(word_counts, n_merges), special_tokens, pattern)
+        return cls(_learn_merges(word_counts, n_merges, tie_break), special_tokens, pattern)
 
     def _encode_piece(self, piece: str) -> list[int]:
         ids = self._cache.get(piece)
@@ -222,6 +274,52 @@ class ByteBPE:
             for piece in self._split.findall(part):
                 out.extend(self._encode_piece(piece))
         return out
+
+    # A GPT-2 pre-token is decided by its own characters, the one after it (the lookahead of
+    # `\s+(?!\S)`, the char that ends a greedy run) and at most 3 from its start (the failed
+    # literals 's 't 're 've 'm 'll 'd). So once the text extends 2 characters past its end, more
+    # text cannot change it (nor any pre-token before it).
+    _SETTLED_MARGIN = 2
+
+    def encode_iterable(self, texts: Iterable[str], allow_special: bool = True) -> Iterator[int]:
+        """Ids of "".join(texts), yielded lazily: identical to `encode` on the whole text, while
+        holding only the current chunk plus the unsettled tail (usually one pre-token) in memory.
+
+        Pass an open text file (it yields lines) to tokenize a corpus larger than memory. Chunks
+        may end anywhere, even inside a word, a contraction, a run of spaces or a special token:
+        a pre-token is emitted only once the text past it can no longer change where it ends,
+        and a special token only once no longer special token could still start at its place.
+        Memory is bounded by the longest pre-token (a 1 GB line of letters is one pre-token).
+        The margin argument holds for GPT-2's pattern; a custom `pattern` that looks further
+        ahead needs a larger `_SETTLED_MARGIN`.
+        """
+        specials = self._special_split if (self._special_split is not None and allow_special) else None
+        longest_special = max(map(len, self.special_tokens), default=0) if specials else 0
+        buffer = ""
+        for chunk in texts:
+            if not isinstance(chunk, str):
+                raise TypeError(f"encode_iterable needs str chunks, got {type(chunk).__name__}")
+            buffer += chunk
+            while specials is not None:  # settled special tokens: flush the text before, emit the id
+                m = specials.search(buffer)
+                if m is None or m.start() + longest_special > len(buffer):
+                    break  # none, or a longer special token might still begin here
+                yield from self.encode(buffer[:m.start()], allow_special=False)
+                yield self.special_tokens[m.group()]
+                buffer = buffer[m.end():]
+            # where a special token could still begin, the text before it is not settled either
+            limit = len(buffer) - (longest_special - 1 if specials is not None else 0)
+            m = specials.search(buffer) if specials is not None else None
+            if m is not None:
+                limit = min(limit, m.start())
+            done = 0
+            for piece in self._split.finditer(buffer, 0, max(0, limit)):
+                if piece.end() + self._SETTLED_MARGIN > limit:
+                    break
+                yield from self._encode_piece(piece.group())
+                done = piece.end()
+            buffer = buffer[done:]
+        yield from self.encode(buffer, allow_special=allow_special)
 
     def decode(self, ids: Iterable[int], errors: str = "replace") -> str:
         """Text of ids. A sequence cut inside a multi-byte character gives U+FFFD (errors='replace')."""

@@ -9,10 +9,15 @@ The data comes from `loader_for_epoch(epoch) -> iterable of (x, y)`, which must 
 batches in the same order each time it is called with the same epoch (shuffle with a
 torch.Generator seeded from the epoch, not the global RNG): on resume the Trainer rebuilds the
 current epoch's loader and skips the batches already used.
+
+Each step's loss, learning rate, gradient norm, tokens/s and memory go to the `monitors`
+(camplib.monitoring: TensorBoard event files, Prometheus metrics); measuring them draws no
+random numbers and changes no tensor, so a monitored run is bit for bit the unmonitored one.
 """
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -26,11 +31,18 @@ from camplib.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from camplib.monitoring import StepMetrics, process_memory_bytes
 from camplib.optim import clip_grad_norm_
 
 __all__ = ["Trainer", "accumulate_gradients"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def _global_grad_norm(params) -> float:
+    """L2 norm of all gradients as one vector (what clipping would measure), without changing them."""
+    norms = [p.grad.detach().float().norm() for p in params if p.grad is not None]
+    return float(torch.stack(norms).norm()) if norms else 0.0
 
 
 def accumulate_gradients(model: nn.Module, micro_batches: Sequence[Batch], *,
@@ -67,13 +79,15 @@ class Trainer:
     be None. `autocast_dtype=torch.bfloat16` runs forward passes under torch.autocast (bf16
     needs no loss scaling; fp16 would, and is refused). The progress bar writes to stdout
     (`progress_file`), because a graded notebook must keep stderr clean; progress=False hides it.
+    `monitors` (e.g. camplib.monitoring's TensorBoardLogger, PrometheusExporter) receive a
+    `StepMetrics` after every step; `self.last_metrics` holds the latest. `close()` closes them.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
                  loader_for_epoch: Callable[[int], Iterable[Batch]], *, grad_accum: int = 1,
                  clip: float | None = 1.0, ckpt_dir: str | Path | None = None, ckpt_every: int = 0,
                  device: str | torch.device = "cpu", autocast_dtype: torch.dtype | None = None,
-                 log_every: int = 10, progress: bool = True, progress_file=None):
+                 log_every: int = 10, progress: bool = True, progress_file=None, monitors=()):
         if grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
         if autocast_dtype == torch.float16:
@@ -90,6 +104,8 @@ class Trainer:
         self.lrs: list[float] = []
         self.grad_norms: list[float] = []
         self._batches = None  # iterator over the current epoch, built lazily
+        self.monitors = list(monitors)
+        self.last_metrics: StepMetrics | None = None
 
     # ---- data position -------------------------------------------------------------------
     def _start_epoch(self, skip: int = 0) -> None:
@@ -120,18 +136,43 @@ class Trainer:
     # ---- training ------------------------------------------------------------------------
     def train_step(self) -> float:
         """One optimizer step over grad_accum micro-batches; returns its mean loss."""
+        if self.monitors and self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        start = time.perf_counter()
         micro_batches = [self._next_batch() for _ in range(self.grad_accum)]
         self.optimizer.zero_grad(set_to_none=True)
         loss = accumulate_gradients(self.model, micro_batches, autocast_dtype=self.autocast_dtype)
         if self.clip is not None:
-            self.grad_norms.append(float(clip_grad_norm_(self.model.parameters(), self.clip)))
+            grad_norm = float(clip_grad_norm_(self.model.parameters(), self.clip))
+            self.grad_norms.append(grad_norm)
+        else:  # measured only for the monitors (it costs a device sync)
+            grad_norm = _global_grad_norm(self.model.parameters()) if self.monitors else float("nan")
         self.lrs.append(self.optimizer.param_groups[0]["lr"])
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
         self.step += 1
         self.losses.append(loss)
+        if self.monitors:
+            self._report(loss, grad_norm, sum(x.numel() for x, _ in micro_batches), start)
         return loss
+
+    def _report(self, loss: float, grad_norm: float, tokens: int, start: float) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the step's kernels are done: time and memory are real
+        seconds = time.perf_counter() - start
+        self.last_metrics = StepMetrics(step=self.step, loss=loss, lr=self.lrs[-1], grad_norm=grad_norm,
+                                        tokens=tokens, tokens_per_s=tokens / seconds if seconds > 0 else float("nan"),
+                                        memory_bytes=process_memory_bytes(self.device))
+        for monitor in self.monitors:
+            monitor.log(self.last_metrics)
+
+    def close(self) -> None:
+        """Flush and close the monitors (TensorBoard files, the Prometheus server)."""
+        for monitor in self.monitors:
+            close = getattr(monitor, "close", None)
+            if close is not None:
+                close()
 
     def fit(self, max_steps: int, callback: Callable[["Trainer"], None] | None = None) -> list[float]:
         """Train until `max_steps` optimizer steps are done in total (resumed ones included);
@@ -153,6 +194,9 @@ class Trainer:
                     callback(self)
         finally:
             bar.close()
+            for monitor in self.monitors:  # what was logged is on disk, even if a step raised
+                if hasattr(monitor, "flush"):
+                    monitor.flush()
         return list(self.losses)
 
     # ---- checkpoints ---------------------------------------------------------------------

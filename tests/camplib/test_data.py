@@ -1,6 +1,9 @@
-"""camplib.data: corpus split, de-duplication, MinHash/LSH, packing and sharded loading."""
+"""camplib.data: corpus split, de-duplication, MinHash/LSH, packing, sharded loading, random windows."""
 import math
 import random
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ from camplib.data import (
     _mulmod_p,
     dedup_exact,
     estimate_jaccard,
+    get_batch,
     lsh_params,
     make_loader,
     near_duplicates,
@@ -225,3 +229,103 @@ def test_loader_deterministic_and_resumable():
     for k in (0, 1, 5, len(full)):
         assert first(make_loader(blocks, 6, rank=1, world_size=2, seed=3, epoch=2, start_batch=k)) == full[k:]
     assert first(make_loader(blocks, 6, shuffle=False))[0] == [1, 5, 9, 13, 17, 21]
+
+
+# ---------------------------------------------------------------- random windows (get_batch)
+
+def nanogpt_get_batch(data: torch.Tensor, batch_size: int, block_size: int, generator):
+    """The reference: nanoGPT's train.py get_batch, with an explicit generator."""
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
+    x = torch.stack([data[i:i + block_size].long() for i in ix])
+    y = torch.stack([data[i + 1:i + 1 + block_size].long() for i in ix])
+    return x, y
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("kind", ["tensor", "numpy", "memmap"])
+def test_get_batch_equals_nanogpt_on_every_container(kind, tmp_path):
+    data = np.random.default_rng(0).integers(0, 50_000, size=1000).astype(np.uint16)
+    if kind == "tensor":
+        tokens = torch.from_numpy(data.astype(np.int32))
+    elif kind == "numpy":
+        tokens = data
+    else:
+        data.tofile(tmp_path / "tokens.bin")
+        tokens = np.memmap(tmp_path / "tokens.bin", dtype=np.uint16, mode="r")
+    x, y = get_batch(tokens, 6, 17, "cpu", torch.Generator().manual_seed(3))
+    ref_x, ref_y = nanogpt_get_batch(torch.from_numpy(data.astype(np.int64)), 6, 17, torch.Generator().manual_seed(3))
+    assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (6, 17)
+    assert torch.equal(x, ref_x) and torch.equal(y, ref_y), kind
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the next tokens
+
+
+def test_get_batch_reaches_every_offset_and_only_valid_ones():
+    tokens = torch.arange(12)
+    starts = set()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        x, y = get_batch(tokens, 4, 5, generator=g)
+        starts.update(x[:, 0].tolist())
+        assert torch.equal(x, x[:, :1] + torch.arange(5)) and torch.equal(y, x + 1)
+    assert starts == set(range(12 - 5)), sorted(starts)  # the last window ends on the last token
+
+
+def test_get_batch_seeded_generator_is_reproducible_and_device_respected():
+    tokens = np.arange(100, dtype=np.int32)
+    a = get_batch(tokens, 3, 8, "cpu", torch.Generator().manual_seed(7))
+    b = get_batch(tokens, 3, 8, torch.device("cpu"), torch.Generator().manual_seed(7))
+    assert all(torch.equal(u, v) for u, v in zip(a, b)) and a[0].device.type == "cpu"
+
+
+@pytest.mark.parametrize("args", [(np.arange(5), 1, 5), (np.arange(10), 0, 3), (np.arange(10), 2, 0),
+                                  (np.zeros((4, 4)), 1, 2)])
+def test_get_batch_rejects_impossible_requests(args):
+    with pytest.raises(ValueError):
+        get_batch(*args)
+
+
+BIG_FILE_GIB, DATA_LIMIT_MIB = 4, 256
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA on mmap and /proc are Linux's")
+def test_get_batch_samples_a_memmap_far_larger_than_the_memory_limit(tmp_path):
+    """A sparse 4 GiB token file (2^31 uint16 tokens, no disk used) sampled in a process whose
+    private memory is capped at 256 MiB (RLIMIT_DATA). RLIMIT_AS cannot be used: it counts the
+    file's mapping itself, which takes address space but no memory. The child proves the cap
+    bites (copying 400 MB of the file raises MemoryError), then draws batches, which read only
+    their windows: its private resident memory (RssAnon) grows by less than 32 MiB. (Total RSS
+    also counts the file pages the kernel maps around each window, readahead that the kernel
+    may drop at any time, so it is not the measure.)"""
+    path = tmp_path / "tokens.bin"
+    with open(path, "wb") as f:
+        f.truncate(BIG_FILE_GIB << 30)
+        f.seek((BIG_FILE_GIB << 30) - 8)
+        f.write(np.array([1, 2, 3, 4], dtype=np.uint16).tobytes())  # the last 4 tokens are known
+    child = textwrap.dedent(f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_DATA, ({DATA_LIMIT_MIB} << 20, {DATA_LIMIT_MIB} << 20))
+        import numpy as np, torch
+        from camplib.data import get_batch
+        tokens = np.memmap({str(path)!r}, dtype=np.uint16, mode="r")
+        assert len(tokens) == {BIG_FILE_GIB} << 29
+        try:
+            np.array(tokens[:200_000_000])
+            raise SystemExit("the memory limit does not bite: the test proves nothing")
+        except MemoryError:
+            pass
+        def rss_anon_kib():
+            line = next(l for l in open("/proc/self/status") if l.startswith("RssAnon:"))
+            return int(line.split()[1])
+        before = rss_anon_kib()
+        g = torch.Generator().manual_seed(0)
+        for _ in range(50):
+            x, y = get_batch(tokens, 32, 256, "cpu", g)
+            assert x.shape == (32, 256) and x.dtype == torch.int64
+        x, y = get_batch(tokens[-6:], 1, 5, "cpu", g)  # a view of the tail: the known tokens
+        assert x.tolist() == [[0, 0, 1, 2, 3]] and y.tolist() == [[0, 1, 2, 3, 4]], (x, y)
+        grown = (rss_anon_kib() - before) / 1024
+        assert grown < 32, f"private memory grew by {{grown:.0f}} MiB"
+        print("ok", round(grown, 1))
+    """)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stdout + out.stderr
