@@ -49,6 +49,7 @@ class GradeOptions:
     regrade: bool = False
     limits: Limits = field(default_factory=Limits)
     cell_timeout: float | None = None   # overrides the labs' own cell_timeout (tests use a short one)
+    seed: int | None = None             # hidden cases' seed; None: a fresh one for this run
 
 
 class GradingSetupError(RuntimeError):
@@ -72,6 +73,8 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
           options: GradeOptions = GradeOptions()) -> list[GradeRow]:
     """Grade every submission under `submissions_dir`; write grades.csv, report.html, feedback."""
     isolation = resolve_isolation(options.isolation)
+    from .engine import new_seed
+    seed = new_seed() if options.seed is None else int(options.seed)
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.chmod(out, 0o700)
@@ -104,7 +107,7 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
                          "source": str(out / "source" / lab.name / lab.notebook), "submission": str(dest),
                          "lab_files": str(lab.release_path(root).parent),
                          "scratch_root": str(scratch_root), "isolation": isolation, "hide": [str(p) for p in hide],
-                         "forbid": list(lab.forbid), "threads": max(1, (os.cpu_count() or 1) // options.jobs),
+                         "forbid": list(lab.forbid), "seed": seed, "threads": max(1, (os.cpu_count() or 1) // options.jobs),
                          "limits": {**asdict(options.limits),
                                     "cell_seconds": float(options.cell_timeout or lab.cell_timeout)}})
     for student, lab_id in sorted(results):  # finished in an earlier run

@@ -33,7 +33,8 @@ def grade_job(job: dict) -> dict:
         copy_plain_files(Path(job["submission"]), scratch, replace=False)
         sandbox = Sandbox(scratch, isolation=job["isolation"], slot=_slot, hide=[Path(p) for p in job["hide"]],
                           limits=Limits(**job["limits"]), forbid=job["forbid"], threads=job["threads"])
-        result = grade_submission(spec, scratch / spec.notebook, job["student"], job["lab"], sandbox, job["forbid"])
+        result = grade_submission(spec, scratch / spec.notebook, job["student"], job["lab"], sandbox, job["forbid"],
+                                  seed=job.get("seed"))
     except Exception as exc:  # a grader bug must not take the class down: report it for this submission
         result = SubmissionResult(job["student"], job["lab"], "error", max_score=spec.max_score,
                                   message=f"grader error: {type(exc).__name__}: {exc}", retry=True,
