@@ -28,7 +28,8 @@ CANARY_FILE = "<camp canary>"   # a frame that counts as the student's, like the
 
 @lru_cache(maxsize=1)
 def _dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(pass-through prefixes: torch, the standard library, installed packages; the course's own)."""
+    """(pass-through: torch, the standard library, installed packages and the observer's own
+    wrappers; the course's own code: camplib and the grader)."""
     paths = sysconfig.get_paths()
     through = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
     through.add(os.path.dirname(torch.__file__))
@@ -36,7 +37,7 @@ def _dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
     import camplib
     course = {os.path.dirname(autograder.__file__), os.path.dirname(camplib.__file__)}
     here = os.path.dirname(os.path.abspath(__file__))
-    ours = (os.path.join(here, "forbid.py"), os.path.join(here, "observe.py"))   # the wrappers themselves
+    ours = (os.path.join(here, "forbid.py"), os.path.join(here, "observe.py"))
     return tuple(os.path.join(p, "") for p in through) + ours, tuple(os.path.join(p, "") for p in course)
 
 
@@ -47,11 +48,10 @@ def called_by_student(depth: int = 2) -> bool:
     frame = sys._getframe(depth)
     while frame is not None:
         name = frame.f_code.co_filename
-        if name.startswith(course):
-            return False
-        if not (name.startswith(through) or name.startswith("<frozen")):
-            return True
-        frame = frame.f_back
+        if name.startswith(through) or name.startswith("<frozen"):
+            frame = frame.f_back
+            continue
+        return not name.startswith(course)
     return False
 
 
