@@ -107,6 +107,8 @@ def cmd_check(args, catalog: Catalog, root: Path) -> int:
     total = sum(r.points for r in results)
     print(f"\nvisible tests: {sum(r.passed for r in results)}/{len(results)} cells passed, {earned:g}/{total:g} points"
           " (hidden tests run when your notebook is graded)")
+    from .course.selfcheck import NOT_CHECKED
+    print(f"NOTE  {NOT_CHECKED}")
     return 0 if results and all(r.passed for r in results) and not problems else 1
 
 

@@ -33,7 +33,7 @@ _MEANING_CHANGERS = {"log"}          # log_softmax is another function, not soft
 
 
 def _words(name: str) -> list[str]:
-    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name)          # MultiheadAttention -> Multihead_Attention
+    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z][a-z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name)   # RMSNorm -> RMS_Norm, AdamW stays
     return [w for w in name.lower().split("_") if w]
 
 
