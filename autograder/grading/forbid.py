@@ -131,7 +131,9 @@ _REACH_PAST = {"__wrapped__", "__closure__", "__globals__", "__code__", "__built
                "__defaults__", "func_globals", "__getattribute__"}
 _MACHINERY = re.compile(r"(torch_dispatch|_dispatch_|dispatch_mode|python_dispatch|DispatchKey|TorchDispatch|"
                         r"torch_function|TorchFunction|DisableTorch|setprofile|settrace|_getframe|currentframe|"
-                        r"_current_frames|getclosurevars|^unwrap$|^_?push_mode$|^_?pop_mode$|_disable_current_modes)")
+                        r"_current_frames|getclosurevars|^unwrap$|^_?push_mode$|^_?pop_mode$|_disable_current_modes|"
+                        r"^(Observer|_OpObserver|Tripwires|called_by_student|canary\w*|_canary\w*|Runner|observer|"
+                        r"tripwires|student_process|sandbox_init)$)")
 _OPAQUE_CALLS = {"exec", "eval", "compile", "__import__", "importlib.import_module", "importlib.__import__",
                  "builtins.exec", "builtins.eval", "builtins.compile"}
 _LOADERS = {"importlib.reload", "imp.reload", "importlib.machinery", "importlib.util.spec_from_file_location",
@@ -212,7 +214,7 @@ class _Scan:
                     self.aliases[a.asname or a.name] = f"{module}.{a.name}"
                     self.check_path(f"{module}.{a.name}")
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                path = self.dotted(node.value)   # `aten = torch.ops.aten`: a name for a library object
+                path = self.dotted(node.value) or _imported(node.value)   # `aten = torch.ops.aten`
                 if path and self.library(path):
                     self.aliases[node.targets[0].id] = path
         for node in ast.walk(tree):
@@ -225,7 +227,8 @@ class _Scan:
         parts = path.split(".")
         if any(".".join(parts[:i]) in _LOADERS for i in range(1, len(parts) + 1)):
             self.find(f"uses {path}, which loads or replaces code the grader cannot check")
-        if any(_MACHINERY.search(p) for p in parts) or path.startswith(("autograder.grading", "autograder.isolation")):
+        if any(_MACHINERY.search(p) for p in parts) or (parts[0] == "autograder" and len(parts) > 1
+                                                        and parts[1] not in ("checks", "text")):
             self.find(f"uses {path}, part of the machinery that observes calls during grading")
 
     def visit(self, node) -> None:
@@ -339,6 +342,17 @@ class _Scan:
             self.find("runs a string of code (or a %time/%timeit statement) the grader cannot parse")
             return
         self.run(tree)
+
+
+def _imported(node) -> str | None:
+    """The module `__import__('x')` / `importlib.import_module('x')` returns, when constant."""
+    if isinstance(node, ast.Call) and node.args and _const_str(node.args[0]):
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        if name in ("__import__", "import_module"):
+            module = _const_str(node.args[0])
+            return module.split(".")[0] if name == "__import__" else module
+    return None
 
 
 def _is_get_ipython(node) -> bool:

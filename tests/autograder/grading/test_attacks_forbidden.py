@@ -55,6 +55,8 @@ SYS_MODULES = "import sys\n_f = sys.modules['torch.nn.functional'].scaled_dot_pr
 GC_ORIGINAL = "import gc\n_orig = [o for o in gc.get_objects() if getattr(o, '__name__', '') == 'softmax']\n"
 UNWRAP = "import torch.nn.functional as F\n_orig = F.scaled_dot_product_attention.__wrapped__\n"
 SHELL = "!python -c 'import torch'\n"
+# switching the runtime observer off from the inside (then any laundered call would pass)
+OBSERVER_OFF = "_a = __import__('autograder')\n_a.grading.observe.called_by_student = lambda *a, **k: False\n"
 RUN_MAGIC = "%run helpers.py\n"
 AUTOMAGIC = "run helpers.py\n"
 HELPER_PY = ("import torch.nn.functional as F\n\n"
@@ -132,7 +134,7 @@ EXPECTED_FAILED = {   # student -> tests that must fail (every other test passes
     "aten_op": ["test_mha", "test_sdpa", "test_softmax"],
     "laundered_method": ["test_mha"],
     "dynamic_name": ALL, "reload": ALL, "sys_modules": ALL, "gc_original": ALL, "unwrap": ALL,
-    "shell_escape": ALL, "run_magic": ALL, "automagic": ALL, "py_file": ALL, "deep_py_file": ALL,
+    "shell_escape": ALL, "observer_off": ALL, "run_magic": ALL, "automagic": ALL, "py_file": ALL, "deep_py_file": ALL,
     "compiled_module": ALL,
     "lying_length": ["test_masks"], "deep_json": ["test_masks"],
     "hidden_only_bug": ["test_mha", "test_sdpa", "test_softmax"],
@@ -156,6 +158,7 @@ def graded(tmp_path_factory):
         "gc_original": _stray(student_notebook(LAB), "softmax", GC_ORIGINAL),
         "unwrap": _stray(student_notebook(LAB), "softmax", UNWRAP),
         "shell_escape": _stray(student_notebook(LAB), "softmax", SHELL),
+        "observer_off": _stray(student_notebook(LAB, {"mha": LAUNDERED}), "softmax", OBSERVER_OFF),
         "run_magic": _stray(student_notebook(LAB), "softmax", RUN_MAGIC),
         "automagic": _stray(student_notebook(LAB), "softmax", AUTOMAGIC),
         "py_file": student_notebook(LAB),
@@ -206,6 +209,7 @@ def test_each_attack_costs_exactly_its_tests(graded, student):
     ("gc_original", "gc.get_objects"),
     ("unwrap", "__wrapped__"),
     ("shell_escape", "shell command"),
+    ("observer_off", "machinery that observes calls"),
     ("run_magic", "%run"),
     ("automagic", "cannot be parsed"),
     ("py_file", "helpers.py uses torch.nn.functional.scaled_dot_product_attention"),

@@ -199,6 +199,8 @@ def test_aliases_are_the_same_function_under_another_name(name, entry, expected)
     ("from torch.utils._python_dispatch import _disable_current_modes", "machinery"),
     ("import torch\ntorch._C._unset_dispatch_mode(0)", "machinery"),
     ("import autograder.grading.observe", "machinery"),
+    ("a = __import__('autograder')\na.grading.observe.called_by_student = print", "machinery"),
+    ("import importlib\nt = importlib.import_module('torch')\nf = getattr(t, name)", "computed names"),
     ("exec(code)", "exec()"),
     ("m = __import__(name)", "__import__()"),
     ("!python helper.py", "shell command"),
