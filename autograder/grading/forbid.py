@@ -430,7 +430,7 @@ def scan(source: str, forbid: list[str], *, cell: bool = True, own: set[str] | N
         text = _ipython_transform(source) if cell else source
         tree = ast.parse(text)
     except SyntaxError as exc:
-        return [], [f"cannot be parsed ({exc.msg}, line {exc.lineno}): the grader does not run code it cannot check"]
+        return [], [f"cannot be parsed (SyntaxError: {exc.msg}, line {exc.lineno}): the grader does not run code it cannot check"]
     except ValueError as exc:  # null bytes and the like
         return [], [f"cannot be parsed ({exc}): the grader does not run code it cannot check"]
     checker.run(tree)
