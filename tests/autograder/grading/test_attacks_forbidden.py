@@ -48,7 +48,8 @@ LAUNDERED = REF["mha"].replace(
     "        if attn_mask is not None:\n"
     "            s = s.masked_fill(~attn_mask, float('-inf'))\n"
     "        y = s.softmax(-1) @ v") + "\n\nclass _Decoy:\n    def softmax(self):\n        return None\n"
-# computed names, module replacement, reaching past wrappers, hidden code: every test
+# a computed name (any torch entry; a stray cell: every test), module replacement, reaching past
+# wrappers, hidden code: every test
 DYNAMIC_NAME = "import torch\n_sm = getattr(torch, 'soft' + 'max')\ndef softmax(x, dim=-1):\n    return _sm(x, dim)\n"
 RELOAD = "import importlib, camplib.attention\nimportlib.reload(camplib.attention)\n"
 SYS_MODULES = "import sys\n_f = sys.modules['torch.nn.functional'].scaled_dot_product_attention\n"
@@ -203,7 +204,7 @@ def test_each_attack_costs_exactly_its_tests(graded, student):
     ("private_alias", "torch.nn.functional.scaled_dot_product_attention, which this lab forbids"),
     ("aten_op", "torch.softmax"),
     ("laundered_method", "your code called torch.Tensor.softmax"),
-    ("dynamic_name", "computed names"),
+    ("dynamic_name", "torch.softmax"),
     ("reload", "importlib.reload"),
     ("sys_modules", "sys.modules"),
     ("gc_original", "gc.get_objects"),

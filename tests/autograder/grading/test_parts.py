@@ -98,6 +98,11 @@ def test_wire_refuses_objects_and_malformed_messages():
     ("import torch\nt = torch.Tensor.softmax(x, -1)", FORBID[3:6]),
     ("import operator\nf = operator.methodcaller('softmax', -1)", FORBID[3:6]),
     ("exec('import torch; y = torch.softmax(x, -1)')", FORBID[3:6]),
+    # a name computed at run time could be any forbidden entry of that package
+    ("import torch\nf = getattr(torch, 'soft' + 'max')", [e for e in FORBID if e.startswith("torch")]),
+    ("import torch.nn.functional as F\nf = vars(F)[name]", [e for e in FORBID if e.startswith("torch")]),
+    ("import torch.nn.functional as F\nf = F.__dict__[name]", [e for e in FORBID if e.startswith("torch")]),
+    ("import importlib\nt = importlib.import_module('camplib')\nf = getattr(t, name)", FORBID[2:3]),
     ("%timeit torch.softmax(x, -1)", FORBID[3:6]),
     # an honest student's own names are never forbidden calls
     ("scaled_dot_product_attention = None\nprint(scaled_dot_product_attention)", []),
@@ -185,9 +190,6 @@ def test_aliases_are_the_same_function_under_another_name(name, entry, expected)
 
 
 @pytest.mark.parametrize("source, fragment", [
-    ("import torch\nf = getattr(torch, 'soft' + 'max')", "computed names"),
-    ("import torch.nn.functional as F\nf = vars(F)", "computed names"),
-    ("import torch.nn.functional as F\nf = F.__dict__", "__dict__"),
     ("import importlib, camplib\nimportlib.reload(camplib)", "importlib.reload"),
     ("import sys\nsys.modules['camplib.attention'] = object()", "sys.modules"),
     ("import camplib.dist\ncamplib.dist.launch = print", "assigns to camplib.dist.launch"),
@@ -200,7 +202,8 @@ def test_aliases_are_the_same_function_under_another_name(name, entry, expected)
     ("import torch\ntorch._C._unset_dispatch_mode(0)", "machinery"),
     ("import autograder.grading.observe", "machinery"),
     ("a = __import__('autograder')\na.grading.observe.called_by_student = print", "machinery"),
-    ("import importlib\nt = importlib.import_module('torch')\nf = getattr(t, name)", "computed names"),
+    ("a = __import__('autograder')\nm = getattr(a, 'gra' + 'ding')", "computed names"),
+
     ("exec(code)", "exec()"),
     ("m = __import__(name)", "__import__()"),
     ("!python helper.py", "shell command"),
