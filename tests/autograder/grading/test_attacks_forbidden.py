@@ -210,7 +210,7 @@ def test_each_attack_costs_exactly_its_tests(graded, student):
     ("gc_original", "gc.get_objects"),
     ("unwrap", "__wrapped__"),
     ("shell_escape", "shell command"),
-    ("observer_off", "machinery that observes calls"),
+    ("observer_off", "autograder.grading.observe.called_by_student"),
     ("run_magic", "%run"),
     ("automagic", "cannot be parsed"),
     ("py_file", "helpers.py uses torch.nn.functional.scaled_dot_product_attention"),
