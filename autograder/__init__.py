@@ -13,7 +13,9 @@ Where things live (one role per folder):
 |                 | `reference` (reference submissions), `nbgrader_setup`                       |
 | `grading/`      | the trusted side of camp grade: `grade` (a class), `worker` (one submission  |
 |                 | in a pool process), `engine` (cells and tests), `program` (which cells run), |
-|                 | `remote` + `wire` (stand-ins for the student's objects), `forbid`,           |
+|                 | `remote` + `wire` (stand-ins for the student's objects), `forbid` (static   |
+|                 | scan), `observe` (runtime observer + canaries), `static_check` (which tests |
+|                 | a submission's forbidden uses cost; also run by camp check),                |
 |                 | `uploads` (reading submissions under the `[grading]` caps), `results`        |
 |                 | (outcomes and their store)                                                  |
 | `isolation/`    | where student code runs: `sandbox` (start/stop/talk), `sandbox_init` (the    |

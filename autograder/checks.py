@@ -9,12 +9,13 @@ Tolerances are per dtype (see `TOLERANCES`); a check may tighten or loosen them 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 __all__ = ["TOLERANCES", "tolerance", "check_close", "check_equal", "check_shape", "check_true", "check_finite",
-           "forward_backward", "load_parameters", "parameters_of", "make"]
+           "forward_backward", "load_parameters", "parameters_of", "make", "case"]
 
 # (atol, rtol) used when a check does not state its own. Chosen for results of a few dozen
 # floating point operations on values of order 1: fp64 keeps ~15 digits, fp32 ~7, bf16 ~3.
@@ -90,10 +91,36 @@ def check_close(name: str, actual: Any, expected: Any, *, atol: float | None = N
         max_diff = diff.max().item()
         idx = tuple(torch.unravel_index(diff.argmax(), diff.shape)) if diff.dim() else ()
         idx = tuple(int(i) for i in idx)
+        first = tuple(int(i) for i in bad.nonzero()[0]) if bad.dim() else ()
         raise AssertionError(
             f"{name}: max |difference| = {max_diff:.3g} at index {idx} "
             f"(got {a64[idx].item():.6g}, expected {e64[idx].item():.6g}); "
-            f"{int(bad.sum())} of {bad.numel()} elements outside atol={atol:g}, rtol={rtol:g}")
+            f"{int(bad.sum())} of {bad.numel()} elements outside atol={atol:g}, rtol={rtol:g}; "
+            f"first at index {first} (got {a64[first].item():.6g}, expected {e64[first].item():.6g})")
+
+
+@contextmanager
+def case(index: Any, *, seed: int | None = None, shape: Any = None, dtype: Any = None, **details: Any):
+    """Name a hidden case in every check failure inside the block, so a student can rebuild it:
+
+        with case(3, seed=seed, shape=x.shape, dtype=x.dtype, dim=dim):
+            check_close("softmax(x)", softmax(x, dim), torch.softmax(x, dim))
+
+    fails with "hidden case 3 (seed 123, shape (2, 5, 7), float64, dim=1): softmax(x): ...".
+    Any other exception escaping the block is reported the same way (as a failed check)."""
+    parts = [f"seed {seed}"] if seed is not None else []
+    if shape is not None:
+        parts.append(f"shape {tuple(int(n) for n in shape)}")
+    if dtype is not None:
+        parts.append(str(dtype).removeprefix("torch."))
+    parts += [f"{key}={value}" for key, value in details.items()]
+    label = f"hidden case {index}" + (f" ({', '.join(parts)})" if parts else "")
+    try:
+        yield label
+    except AssertionError as exc:
+        raise AssertionError(f"{label}: {exc}") from None
+    except Exception as exc:  # the student's code raised or returned something unusable
+        raise AssertionError(f"{label}: {type(exc).__name__}: {exc}") from None
 
 
 def check_equal(name: str, actual: Any, expected: Any) -> None:

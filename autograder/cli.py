@@ -77,7 +77,9 @@ def cmd_grade(args, catalog: Catalog, root: Path) -> int:
         print("camp grade: --out must not be the repository or inside solutions/", file=sys.stderr)
         return 2
     try:
-        options = GradeOptions(jobs=args.jobs, isolation=args.isolation, regrade=args.regrade)
+        from .grading.engine import new_seed
+        seed = new_seed() if args.seed is None else args.seed
+        options = GradeOptions(jobs=args.jobs, isolation=args.isolation, regrade=args.regrade, seed=seed)
         rows = grade(subs, catalog, root, out, args.lab, options)
     except (GradingSetupError, KeyError) as exc:
         print(f"camp grade: {inert(exc, 2000)}", file=sys.stderr)
@@ -88,6 +90,8 @@ def cmd_grade(args, catalog: Catalog, root: Path) -> int:
         return 1
     print(format_table(["student", "lab", "score", "max", "status", "message"],
                        [[r.student, r.lab, f"{r.score:g}", f"{r.max_score:g}", r.status, r.message] for r in rows]))
+    print(f"\nhidden cases of this run used seed {seed} (recorded in each result; results kept from an "
+          f"earlier run keep theirs): `camp grade --seed {seed} --regrade` grades with the same cases")
     print(f"\ngrades: {out / 'grades.csv'}   report: {out / 'report.html'}   feedback: {out / 'feedback'}")
     failed = [r for r in rows if r.grader_failed]
     if failed:  # the grader's fault, not the students': the instructor must look (students' failures exit 0)
@@ -115,6 +119,8 @@ def cmd_check(args, catalog: Catalog, root: Path) -> int:
     total = sum(r.points for r in results)
     print(f"\nvisible tests: {sum(r.passed for r in results)}/{len(results)} cells passed, {earned:g}/{total:g} points"
           " (hidden tests run when your notebook is graded)")
+    from .course.selfcheck import NOT_CHECKED
+    print(f"NOTE  {NOT_CHECKED}")
     return 0 if results and all(r.passed for r in results) and not problems else 1
 
 
@@ -140,6 +146,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--isolation", choices=["auto", "bwrap", "namespace", "none"], default="auto",
                    help="sandbox for student code: bwrap (root + bubblewrap; auto picks it; namespace is its old name) or none (unsafe)")
     p.add_argument("--regrade", action="store_true", help="grade again even where a result is already recorded")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed for the hidden cases (default: a fresh one per run; recorded in each result)")
     p = sub.add_parser("check", help="self-check a notebook: structure and visible tests")
     p.add_argument("notebook", metavar="NOTEBOOK")
     return parser

@@ -38,6 +38,7 @@ class LabSpec:
     solution_ids: list[str]
     locked: dict[str, str] = field(default_factory=dict)   # grade_id -> source of locked cells
     solution_tests: dict[str, list[str]] = field(default_factory=dict)  # solution id -> its tests
+    folder: str = ""      # the lab's source folder: files identical to its own are the course's, not scanned
 
     @property
     def max_score(self) -> float:
@@ -70,7 +71,8 @@ class LabSpec:
                     following[last_solution].append(meta["grade_id"])
             if meta.get("locked") and meta.get("grade_id"):
                 locked[meta["grade_id"]] = cell.source
-        return cls(path.parent.name, path.name, parameters, setup, names, tests, solutions, locked, following)
+        return cls(path.parent.name, path.name, parameters, setup, names, tests, solutions, locked, following,
+                   str(path.parent))
 
 
 def defined_names(source: str) -> list[str]:

@@ -1,9 +1,11 @@
 """`camp check NOTEBOOK`: a student's self-check before submitting.
 
-Validates the notebook, compares its graded cells with the released lab (a deleted or
-duplicated test cell is reported: the grader restores test cells from the course), executes a
-copy (the student's file is never modified) and reports each visible test cell. Hidden tests
-run only at grading time.
+Runs everything `camp grade` runs except the hidden tests: validates the notebook, compares
+its graded cells with the released lab and reports the same structure repairs the grader will
+make, applies the grader's own static forbidden-API scan to every cell and every .py file next
+to the notebook (a test it would zero is reported as failing here too), executes a copy (the
+student's file is never modified) and reports each visible test cell. What it cannot check
+(hidden tests, the runtime observer of forbidden calls) it says so.
 """
 from __future__ import annotations
 
@@ -57,14 +59,33 @@ def run_visible_tests(path: Path, timeout: int = 120) -> list[TestResult]:
     return results
 
 
+NOT_CHECKED = ("not checked here: hidden tests and the runtime observer of forbidden calls run only when "
+               "your notebook is graded (the static forbidden-API scan above is the grader's own)")
+
+
+def grading_problems(nb, lab, root: Path, folder: Path) -> tuple[list[str], dict[str, str]]:
+    """(the grader's structure repair notes, test -> why grading would score it 0) for `nb`,
+    from the released lab: the same build_program and static scan `camp grade` runs."""
+    from ..grading.program import build_program
+    from ..grading.static_check import banned_tests
+    from .labspec import LabSpec
+
+    released = lab.release_path(root)
+    spec = LabSpec.from_notebook(released)
+    program = build_program(spec, nb)
+    banned = banned_tests(spec, program.cells, list(lab.forbid), folder, released.parent)
+    return program.notes, banned
+
+
 def check_notebook(path: Path, catalog: Catalog, root: Path) -> tuple[list[str], list[TestResult]]:
-    """(structure problems, visible test results) for a student's notebook."""
+    """(structure problems and grading notes, visible test results) for a student's notebook."""
     try:
         nb = nbformat.read(path, as_version=4)
         nbformat.validate(nb)
     except Exception as exc:
         return [f"not a valid notebook: {str(exc).splitlines()[0]}"], []
     problems: list[str] = []
+    banned: dict[str, str] = {}
     timeout = 120
     try:
         lab = catalog.get(path.stem)
@@ -72,6 +93,16 @@ def check_notebook(path: Path, catalog: Catalog, root: Path) -> tuple[list[str],
         released = lab.release_path(root)
         if released.exists():
             problems = structure_problems(nb, nbformat.read(released, as_version=4))
+            notes, banned = grading_problems(nb, lab, root, path.parent)
+            problems += [f"grading will repair: {n}" for n in notes if f"grading will repair: {n}" not in problems]
+            problems += [f"{test} will score 0 when graded: {why}" for test, why in banned.items()]
+        else:
+            problems.append(f"the released lab {released} is missing: structure and forbidden APIs not checked")
     except KeyError:
-        problems = [f"'{path.name}' is not a lab notebook of this course; checking its tests anyway"]
-    return problems, run_visible_tests(path, timeout)
+        problems = [f"'{path.name}' is not a lab notebook of this course; checking its tests anyway "
+                    "(structure and forbidden APIs not checked)"]
+    results = run_visible_tests(path, timeout)
+    for r in results:
+        if r.grade_id in banned:
+            r.passed, r.message = False, banned[r.grade_id]
+    return problems, results

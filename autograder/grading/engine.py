@@ -3,12 +3,20 @@ here, in a clean trusted process, against stand-ins for the student's objects.
 
 A crash or timeout costs only what it hits: a cell that kills or hangs the student's process is
 skipped and the process restarted with the cells before it replayed; a test that does so scores
-0 and the next test gets a fresh process. Forbidden APIs score 0 on the tests they affect.
+0 and the next test gets a fresh process. Forbidden APIs score 0 on the tests they affect:
+decided by the trusted static scan of everything the submission can run (static_check), and
+by the runtime observer in the student's process, which is believed only while it passes the
+canaries the grader sends after every test. Whatever goes wrong because of the student's
+output is their failed test, never a retried grading error.
+
+Hidden cases use `seed`, fresh for every grading run (set after the parameters cell, in the
+trusted namespace only) and recorded in the result, so they cannot be predicted or replayed.
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import secrets
 import time
 import traceback
 from pathlib import Path
@@ -18,10 +26,11 @@ import nbformat
 from .. import checks
 from ..course.labspec import LabSpec
 from ..isolation.sandbox import Sandbox, StudentCrashed
-from .forbid import static_uses
+from .observe import canary_plan
 from .program import build_program
 from .remote import RemoteObject, Session, StudentError
 from .results import SubmissionResult, TestOutcome
+from .static_check import banned_tests
 
 MAX_MESSAGE = 2000
 
@@ -60,9 +69,11 @@ class _Student:
 
 
 def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, sandbox: Sandbox,
-                     forbid: list[str]) -> SubmissionResult:
+                     forbid: list[str], seed: int | None = None) -> SubmissionResult:
     start = time.monotonic()
+    seed = new_seed() if seed is None else int(seed)
     result = SubmissionResult(student, lab_id, "graded", max_score=spec.max_score)
+    result.seed = seed
     try:
         if not notebook.exists():
             others = sorted(p.name for p in notebook.parent.glob("*.ipynb"))
@@ -75,21 +86,36 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
                           f"not a valid notebook: {str(exc).splitlines()[0][:200]}")
         result.tests = [TestOutcome(t.grade_id, t.points, 0.0, "not graded: the notebook could not be read") for t in spec.tests]
         return result
-    program = build_program(spec, nb)
-    result.notes = program.notes
-    banned = _static_forbidden(spec, program, forbid)
+    try:   # deterministic for a given notebook: a failure here is never retried
+        program = build_program(spec, nb)
+        result.notes = program.notes
+        banned = banned_tests(spec, program.cells, forbid, notebook.parent, Path(spec.folder) if spec.folder else None)
+    except Exception as exc:
+        result.status, result.message = "error", f"the notebook could not be graded: {type(exc).__name__}: {exc}"[:300]
+        result.tests = [TestOutcome(t.grade_id, t.points, 0.0, "not graded: " + result.message) for t in spec.tests]
+        return result
+    if spec.tests and all(t.grade_id in banned for t in spec.tests):   # nothing left to run their code for
+        result.tests = [TestOutcome(t.grade_id, t.points, 0.0, banned[t.grade_id]) for t in spec.tests]
+        result.message = f"not run: {banned[spec.tests[0].grade_id]}"[:300]
+        result.seconds = round(time.monotonic() - start, 2)
+        return result
     student_proc = _Student(sandbox, start + sandbox.limits.notebook_seconds)
+    plan = [list(item) for item in canary_plan(tuple(forbid))] if forbid else []
+    started = False
     try:
-        student_proc.restart()
+        sandbox.start()     # before any student code: a failure here is the grader's, retried next run
+        student_proc.session = Session(sandbox, student_proc.deadline)
+        started = True
         for label, source, _ in program.cells:
             error = student_proc.run_cell(source)
             if error:
                 result.cell_errors.append(f"{label}: {error}"[:MAX_MESSAGE])
-        trusted = _trusted_namespace(spec)
+        trusted = _trusted_namespace(spec, seed)
         for test in spec.tests:
-            result.tests.append(_run_test(test, trusted, spec, student_proc, banned.get(test.grade_id)))
-    except StudentCrashed as exc:  # the process could not even be (re)started
-        result.status, result.message, result.retry = "error", str(exc), True
+            result.tests.append(_run_test(test, trusted, spec, student_proc, banned.get(test.grade_id), plan))
+    except StudentCrashed as exc:  # the process could not be (re)started
+        result.status, result.message = "error", str(exc)
+        result.retry = not started   # once the student's code ran, a dead process is their outcome
     finally:
         sandbox.close()
     done = {t.grade_id for t in result.tests}
@@ -100,38 +126,28 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
     return result
 
 
-def _static_forbidden(spec: LabSpec, program, forbid: list[str]) -> dict[str, str]:
-    """test grade_id -> message, for tests of exercises whose cells use a forbidden API."""
-    banned: dict[str, str] = {}
-    if not forbid:
-        return banned
-    course_sources = set(spec.locked.values()) | {spec.parameters, *spec.setup}
-    for label, source, grade_id in program.cells:
-        if source in course_sources:
-            continue
-        hits = static_uses(source, forbid)
-        if not hits:
-            continue
-        tests = spec.solution_tests.get(grade_id) if grade_id else None
-        for test in tests or [t.grade_id for t in spec.tests]:  # a stray cell can affect any test
-            banned.setdefault(test, f"{label} uses {', '.join(hits)}, which this lab forbids")
-    return banned
+def new_seed() -> int:
+    """A fresh seed for one grading run's hidden cases (camp grade --seed N reproduces a run)."""
+    return secrets.randbelow(2**31)
 
 
-def _trusted_namespace(spec: LabSpec) -> dict:
+def _trusted_namespace(spec: LabSpec, seed: int) -> dict:
     ns: dict = {"__name__": "__camp_grader__"}
     with contextlib.redirect_stdout(io.StringIO()):
         exec(compile(spec.parameters, "<parameters>", "exec"), ns)
         ns["device"] = "cpu"   # grading compares on the CPU, whatever the lab's profile
+        ns["seed"] = seed      # hidden cases nobody saw before this run
         for i, source in enumerate(spec.setup):
             exec(compile(source, f"<setup {i}>", "exec"), ns)
     return ns
 
 
-def _run_test(test, trusted: dict, spec: LabSpec, student: _Student, banned: str | None) -> TestOutcome:
+def _run_test(test, trusted: dict, spec: LabSpec, student: _Student, banned: str | None,
+              plan: list | None = None) -> TestOutcome:
     if banned:
         return TestOutcome(test.grade_id, test.points, 0.0, banned)
     student.session.forbidden.clear()
+    student.session.intact = True
     ns = dict(trusted)
     ns.update({name: RemoteObject(student.session, name, name) for name in spec.student_names})
     out = io.StringIO()
@@ -148,13 +164,38 @@ def _run_test(test, trusted: dict, spec: LabSpec, student: _Student, banned: str
         message = f"{type(exc).__name__}: {exc} ({_where(exc, test.grade_id)})"
     finally:
         checks._grading_session = None
-    hits = student.session.forbidden
+    hits = set(student.session.forbidden)
+    tampered = _observer_failed(student, plan or [])
     if hits:  # the reason for the zero, whatever else went wrong
         message = f"your code called {', '.join(sorted(hits))}, which this lab forbids" + (f" ({message})" if message else "")
+    elif tampered:
+        message = tampered + (f" ({message})" if message else "")
+    if message and test.source != test.visible_source:
+        message = message[:MAX_MESSAGE - 60] + f" [this run's hidden cases used seed {trusted.get('seed')}]"
     if student.sandbox.proc is None:  # the test crashed the student's process: fresh one for the next
         student.restart()
     return TestOutcome(test.grade_id, test.points, 0.0 if message else test.points,
                        message[:MAX_MESSAGE], out.getvalue()[-MAX_MESSAGE:])
+
+
+def _observer_failed(student: _Student, plan: list) -> str:
+    """Why the runtime observer cannot be believed after this test ("" when it passed): every
+    planned canary must come back as seen, with a fresh seed so no answer can be prepared."""
+    if not plan or student.sandbox.proc is None:
+        return ""
+    if not student.session.intact:
+        return ("the grader's forbidden-API observer was removed while your code ran (tampering): "
+                "this test scores 0")
+    try:
+        seen = student.session.request("canary", "the forbidden-API check", plan=plan, seed=new_seed())
+    except Exception as exc:  # noqa: BLE001 - the student's process failed to answer: their outcome
+        return f"the grader's forbidden-API check could not run in your process ({exc}): this test scores 0"
+    if not isinstance(seen, list) or len(seen) != len(plan) or not all(s is True for s in seen):
+        missing = sorted({plan[i][0] for i in range(len(plan))
+                          if not isinstance(seen, list) or i >= len(seen) or seen[i] is not True})
+        return ("the grader's forbidden-API observer stopped seeing calls in your process (canary for "
+                f"{', '.join(missing)} missing; tampering?): this test scores 0")
+    return ""
 
 
 def _where(exc: BaseException, grade_id: str) -> str:

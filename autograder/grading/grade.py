@@ -54,6 +54,7 @@ class GradeOptions:
     regrade: bool = False
     limits: Limits = field(default_factory=Limits)
     cell_timeout: float | None = None   # overrides the labs' own cell_timeout (tests use a short one)
+    seed: int | None = None             # hidden cases' seed; None: a fresh one for this run
 
 
 class GradingSetupError(RuntimeError):
@@ -97,6 +98,8 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
     stops the run midway, grades.csv and report.html are written with what is known, and the
     submissions left unfinished are listed as grader errors."""
     isolation = resolve_isolation(options.isolation)
+    from .engine import new_seed
+    seed = new_seed() if options.seed is None else int(options.seed)
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.chmod(out, 0o700)
@@ -131,7 +134,7 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
                     continue
                 run.pending[(student, lab.id)] = spec.max_score
                 try:
-                    job = _prepare(out, root, lab, submitted[student], options, isolation, scratch_root, share)
+                    job = _prepare(out, root, lab, submitted[student], options, isolation, scratch_root, share, seed)
                 except Exception as exc:  # a grader-side failure on this submission only
                     run.add(GradeRow(student, lab.id, 0.0, spec.max_score, GRADER_ERROR,
                                      f"could not prepare the submission: {type(exc).__name__}: {exc}"))
@@ -249,7 +252,7 @@ def _rejected_result(student: str, lab: Lab, spec: LabSpec, reason: str) -> Subm
 
 
 def _prepare(out: Path, root: Path, lab: Lab, sub: Submission, options: GradeOptions, isolation: str,
-             scratch_root: Path, share: dict) -> dict | SubmissionResult:
+             scratch_root: Path, share: dict, seed: int) -> dict | SubmissionResult:
     """Copy one checked submission into the workspace: its cached result if still valid, else its job."""
     dest = out / "submitted" / sub.student / lab.name
     copy_plain_files(sub.path, dest)
@@ -261,7 +264,7 @@ def _prepare(out: Path, root: Path, lab: Lab, sub: Submission, options: GradeOpt
             "source": str(out / "source" / lab.name / lab.notebook), "submission": str(dest),
             "lab_files": str(lab.release_path(root).parent),
             "scratch_root": str(scratch_root), "isolation": isolation,
-            "forbid": list(lab.forbid), "threads": share["threads"],
+            "forbid": list(lab.forbid), "seed": seed, "threads": share["threads"],
             "limits": {**asdict(options.limits), "cpus": share["cpus"], "memory_mb": share["memory_mb"],
                        "cell_seconds": float(options.cell_timeout or lab.cell_timeout)}}
 

@@ -25,11 +25,13 @@ _AS_STUDENT = {cls.__name__: type(f"Student{cls.__name__}", (StudentError, cls),
 
 
 class Session:
-    """A connection to the student's process, recording forbidden calls seen during requests."""
+    """A connection to the student's process, recording forbidden calls seen during requests and
+    whether the observer there stayed in place (`intact`)."""
 
     def __init__(self, sandbox: Sandbox, deadline: float | None = None):
         self.sandbox, self.deadline = sandbox, deadline
         self.forbidden: set[str] = set()
+        self.intact = True
 
     def request(self, op: str, label: str, **fields):
         payload = {}
@@ -48,15 +50,29 @@ class Session:
             header, out = self.sandbox.request({"op": op, **payload}, tensors, timeout=timeout)
         except StudentCrashed as exc:
             raise StudentError(f"{label}: {exc}") from None
-        self.forbidden.update(header.get("forbidden", []))
+        forbidden = header.get("forbidden", [])
+        if isinstance(forbidden, list):
+            self.forbidden.update(f for f in forbidden[:100] if isinstance(f, str))
+        if header.get("observer_intact") is False:
+            self.intact = False
         if not header.get("ok"):
-            error = _AS_STUDENT.get(header.get("error_type") or "", StudentError)
-            raise error(f"{label} raised {header.get('error', 'an error')}")
+            error = _AS_STUDENT.get(str(header.get("error_type") or ""), StudentError)
+            where = _last_student_frames(header.get("traceback"))
+            raise error(f"{label} raised {str(header.get('error', 'an error'))[:1000]}" + (f"\n{where}" if where else ""))
         return decode(header.get("value"), out, lambda h: RemoteObject(self, h, label.removesuffix("(...)")))
 
 
     def make(self, path: str, args, kwargs):
         return self.request("make", f"{path}(...)", path=path, args=list(args), kwargs=dict(kwargs))
+
+
+def _last_student_frames(tb, lines: int = 6) -> str:
+    """The end of the student's own traceback (the runner already removed every frame that is not
+    theirs), without the final exception line the message already holds."""
+    if not isinstance(tb, str) or not tb.strip():
+        return ""
+    body = tb.rstrip().splitlines()[:-1]
+    return "\n".join(body[-lines:])[:800]
 
 
 def _rename(structure, prefix: str):

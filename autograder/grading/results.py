@@ -35,6 +35,7 @@ class SubmissionResult:
     message: str = ""
     seconds: float = 0.0
     retry: bool = False   # a grader-side failure: not saved, so the next run grades it again
+    seed: int | None = None   # the hidden cases' seed of the run that graded it (camp grade --seed)
 
     def to_dict(self) -> dict:
         return asdict(self)

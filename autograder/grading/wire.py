@@ -5,11 +5,18 @@ at worst fail, never run code. Objects that must stay in the student's process t
 opaque handles.
 
 Frame: 8-byte big-endian header length, header (UTF-8 JSON), 8-byte blob length, blob.
+
+The student's process writes half of these frames, so a frame never sizes an allocation on the
+trusted side: lengths are checked against caps before anything is read, bytes arrive in bounded
+chunks (a lying length prefix costs only the bytes actually sent), and every way a header or
+blob can be malformed (too deep, not JSON, bad safetensors) is a WireError, the student's
+failed answer. The blob cap is what the labs' tests need (CAMP_MAX_BLOB_MB, default 256 MiB).
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from typing import Any, BinaryIO
 
@@ -18,8 +25,9 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 MAX_HEADER_BYTES = 16 * 2**20
-MAX_BLOB_BYTES = 1 * 2**30
+MAX_BLOB_BYTES = int(os.environ.get("CAMP_MAX_BLOB_MB", "256")) * 2**20
 MAX_DEPTH = 32
+CHUNK_BYTES = 2**20          # most bytes asked of the stream at once
 
 
 class WireError(ValueError):
@@ -102,8 +110,11 @@ def decode(structure: Any, tensors: dict[str, torch.Tensor], resolve_handle=None
             return {str(k): dec(x, depth + 1) for k, x in payload.items()}
         if tag == "__float__" and payload in ("nan", "inf", "-inf"):
             return float(payload)
-        if tag == "__int__" and isinstance(payload, str):
-            return int(payload)
+        if tag == "__int__" and isinstance(payload, str) and len(payload) <= 64:
+            try:
+                return int(payload)
+            except ValueError:
+                raise WireError("malformed integer") from None
         if tag == "__dtype__" and isinstance(getattr(torch, str(payload), None), torch.dtype):
             return getattr(torch, payload)
         if tag == "__device__" and isinstance(payload, str):
@@ -124,7 +135,11 @@ def write_message(stream: BinaryIO, header: dict, tensors: dict[str, torch.Tenso
 
 def read_message(stream: BinaryIO) -> tuple[dict, dict[str, torch.Tensor]]:
     """One frame from `stream`; raises EOFError when the peer is gone, WireError when malformed."""
-    head = json.loads(_read_exact(stream, _read_length(stream, MAX_HEADER_BYTES)))
+    raw = _read_exact(stream, _read_length(stream, MAX_HEADER_BYTES))
+    try:
+        head = json.loads(raw)
+    except (ValueError, RecursionError) as exc:   # not JSON, bad UTF-8, nested past the parser's depth
+        raise WireError(f"malformed message header ({type(exc).__name__})") from None
     if not isinstance(head, dict):
         raise WireError("message header is not an object")
     n = _read_length(stream, MAX_BLOB_BYTES)
@@ -132,7 +147,9 @@ def read_message(stream: BinaryIO) -> tuple[dict, dict[str, torch.Tensor]]:
     try:
         tensors = st_load(blob) if blob else {}
     except Exception as exc:
-        raise WireError(f"malformed tensor blob: {exc}") from None
+        raise WireError(f"malformed tensor blob: {str(exc)[:200]}") from None
+    if not isinstance(tensors, dict) or sum(t.numel() * t.element_size() for t in tensors.values()) > MAX_BLOB_BYTES:
+        raise WireError("tensor blob larger than its declared length")
     return head, tensors
 
 
@@ -146,7 +163,7 @@ def _read_length(stream: BinaryIO, limit: int) -> int:
 def _read_exact(stream: BinaryIO, n: int) -> bytes:
     chunks, left = [], n
     while left:
-        chunk = stream.read(left)
+        chunk = stream.read(min(left, CHUNK_BYTES))   # never a buffer the peer's length prefix sized
         if not chunk:
             raise EOFError("the student's process closed the connection")
         chunks.append(chunk)

@@ -46,7 +46,8 @@ def grade_job(job: dict) -> dict:
         sandbox = Sandbox(staging, isolation=job["isolation"], uid=_lease.uid if _lease else BASE_UID,
                           limits=Limits(**job["limits"]), forbid=job["forbid"], threads=job["threads"],
                           log=job_dir / "student.log")
-        result = grade_submission(spec, staging / spec.notebook, job["student"], job["lab"], sandbox, job["forbid"])
+        result = grade_submission(spec, staging / spec.notebook, job["student"], job["lab"], sandbox, job["forbid"],
+                                  seed=job.get("seed"))
         starved = sandbox.starved
     except Exception as exc:  # a grader bug must not take the class down: report it for this submission
         result = SubmissionResult(job["student"], job["lab"], "error", max_score=spec.max_score,

@@ -7,8 +7,12 @@ trusts anything this process computes except as "the student's answer".
 
 Protocol on the original stdin/stdout (the student's own prints go to the original stderr: a
 log file the grader opened outside anything the student can write):
-  request  {"op": "exec"|"call"|"getattr"|"make"|"forward_backward"|"load_parameters"|"parameters", ...}
-  response {"ok": true, "value": ..., "forbidden": [...]} | {"ok": false, "error": "...", ...}
+  request  {"op": "exec"|"call"|"getattr"|"make"|"forward_backward"|"load_parameters"|"parameters"|"canary", ...}
+  response {"ok": true, "value": ..., "forbidden": [...], "observer_intact": bool} | {"ok": false, "error": "...", ...}
+
+Every request but `exec` runs under the forbidden-API observer (autograder.grading.observe);
+`canary` calls the forbidden APIs the grader names, so the grader can tell a working observer
+from a tampered one. Tracebacks sent back keep only the student's own frames.
 """
 from __future__ import annotations
 
@@ -22,13 +26,14 @@ MAX_TRACEBACK = 4000
 
 class Runner:
     def __init__(self, forbid: list[str]):
-        from ..grading.forbid import Tripwires
+        from ..grading.observe import Observer
 
-        self.tripwires = Tripwires(forbid)
+        self.observer = Observer(forbid)
         self.handles: dict[int, object] = {}
         from IPython.core.interactiveshell import InteractiveShell
 
         self.shell = InteractiveShell.instance(colors="nocolor")
+        self.shell.automagic = False   # `run x.py` is a syntax error, as the grader's scan reads it
         self.ns = self.shell.user_ns
 
     # -- values -------------------------------------------------------------------------
@@ -105,6 +110,10 @@ class Runner:
         from ..checks import parameters_of
         return self.reply(parameters_of(self.target(req)), handles=False)
 
+    def op_canary(self, req, tensors):
+        plan = [tuple(item) for item in req.get("plan", []) if isinstance(item, list) and len(item) == 3]
+        return {"ok": True, "value": self.observer.canary(plan, int(req.get("seed", 0)))}
+
     def reply(self, value, handles: bool = True):
         from ..grading.wire import encode
         structure, out = encode(value, self.register if handles else None)
@@ -114,16 +123,30 @@ class Runner:
         op = getattr(self, "op_" + str(req.get("op")), None)
         if op is None:
             return {"ok": False, "error": f"unknown operation {req.get('op')!r}"}
-        self.tripwires.reset()
+        self.observer.reset()
         try:
-            response = op(req, tensors)
+            if req.get("op") in ("exec", "canary"):
+                response = op(req, tensors)
+            else:
+                response = self.observer.run(op, req, tensors)
         except BaseException as exc:  # the student's exception (even SystemExit) is their answer
-            tb = "".join(traceback.format_exception(exc))[-MAX_TRACEBACK:]
-            response = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:1000], "traceback": tb,
+            response = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:1000], "traceback": student_traceback(exc),
                         "error_type": type(exc).__name__ if type(exc).__module__ == "builtins" else ""}
         header, out = response if isinstance(response, tuple) else (response, {})
-        header["forbidden"] = sorted(self.tripwires.hits)
+        header["forbidden"] = sorted(self.observer.hits)
+        header["observer_intact"] = self.observer.intact
         return header, out
+
+
+def student_traceback(exc: BaseException) -> str:
+    """The traceback of `exc` with only the student's own frames (no grader, torch or library
+    internals): where in *their* code it went wrong."""
+    from ..grading.observe import _dirs
+    through, course = _dirs()
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(through + course) and not f.filename.startswith("<frozen")]
+    text = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(exc))
+    return text[-MAX_TRACEBACK:]
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ import pytest
 from autograder.catalog import Catalog, repo_root
 from autograder.cli import main
 from autograder.course.reference import student_notebook
-from autograder.course.selfcheck import check_notebook, structure_problems
+from autograder.course.selfcheck import check_notebook, grading_problems, structure_problems
 
 ROOT = repo_root()
 
@@ -46,3 +46,33 @@ def test_invalid_notebook_is_reported(tmp_path, capsys):
     path.write_text("{not json")
     problems, results = check_notebook(path, Catalog.load(), ROOT)
     assert results == [] and problems[0].startswith("not a valid notebook")
+
+
+FORBIDDEN_SDPA = ("import torch.nn.functional as F\n"
+                  "def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False):\n"
+                  "    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)\n")
+
+
+def test_self_check_applies_the_graders_own_static_scan_and_repairs(tmp_path):
+    lab = Catalog.load().get("b01")
+    notes, banned = grading_problems(student_notebook("b01"), lab, ROOT, tmp_path)
+    assert (notes, banned) == ([], {})                             # the reference: nothing to say
+    notes, banned = grading_problems(student_notebook("b01", {"sdpa": FORBIDDEN_SDPA}), lab, ROOT, tmp_path)
+    assert sorted(banned) == ["test_mha", "test_sdpa"] and "forbids" in banned["test_sdpa"]
+    (tmp_path / "helpers.py").write_text("import torch\nf = torch.ops.aten._softmax\n")   # files next to it too
+    _, banned = grading_problems(student_notebook("b01"), lab, ROOT, tmp_path)
+    assert sorted(banned) == ["test_masks", "test_mha", "test_sdpa", "test_softmax"]
+    nb = student_notebook("b01")
+    nb.cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") != "test_masks"]
+    notes, _ = grading_problems(nb, lab, ROOT, tmp_path / "none")
+    assert any("test_masks" in n for n in notes)
+
+
+@pytest.mark.slow
+def test_self_check_fails_the_tests_grading_would_zero(tmp_path, capsys):
+    path = tmp_path / "b01_attention.ipynb"
+    nbformat.write(student_notebook("b01", {"sdpa": FORBIDDEN_SDPA}), path)
+    assert main(["check", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  test_sdpa (4 pts)" in out and "FAIL  test_mha (4 pts)" in out and "PASS  test_softmax" in out
+    assert "test_sdpa will score 0 when graded" in out and "not checked here" in out and "4/12 points" in out

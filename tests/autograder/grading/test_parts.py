@@ -11,7 +11,10 @@ import torch
 
 from autograder.catalog import Catalog, repo_root
 from autograder.course.labspec import LabSpec, defined_names
-from autograder.grading.forbid import Tripwires, static_uses
+from autograder.checks import case, check_close
+from autograder.grading.forbid import Tripwires, alias_of, scan, static_uses
+from autograder.grading.observe import Observer, canary_plan
+from autograder.grading.static_check import banned_tests
 from autograder.grading.program import build_program
 from autograder.grading.wire import (
     Handle,
@@ -84,6 +87,30 @@ def test_wire_refuses_objects_and_malformed_messages():
     ("def softmax(x, dim=-1):\n    return x.softmax(dim)", FORBID[3:6]),
     ("import torch\ndef softmax(x, dim=-1):\n    return torch.softmax(x, dim)", FORBID[3:6]),
     ("def softmax(x, dim=-1):\n    e = (x - x.amax(dim, keepdim=True)).exp()\n    return e / e.sum(dim, keepdim=True)", []),
+    # private aliases and operator namespaces of the same functions
+    ("import torch\ny = torch._C._nn.scaled_dot_product_attention(q, k, v)", FORBID[:1]),
+    ("import torch\ny = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0]", FORBID[:1]),
+    ("import torch\nfrom torch import ops\ny = ops.aten._safe_softmax.default(x, -1)", FORBID[3:6]),
+    ("import torch\naten = torch.ops.aten\ny = aten._softmax(x, -1, False)", FORBID[3:6]),
+    ("import torch\ny = torch._C._VariableFunctions.softmax(x, -1)", FORBID[3:6]),
+    ("import torch\nm = torch.nn.Softmax(dim=-1)", FORBID[3:6]),
+    ("from torch._refs import softmax as s", FORBID[3:6]),
+    ("import torch\nt = torch.Tensor.softmax(x, -1)", FORBID[3:6]),
+    ("import operator\nf = operator.methodcaller('softmax', -1)", FORBID[3:6]),
+    ("exec('import torch; y = torch.softmax(x, -1)')", FORBID[3:6]),
+    # a name computed at run time could be any forbidden entry of that package
+    ("import torch\nf = getattr(torch, 'soft' + 'max')", [e for e in FORBID if e.startswith("torch")]),
+    ("import torch.nn.functional as F\nf = vars(F)[name]", [e for e in FORBID if e.startswith("torch")]),
+    ("import torch.nn.functional as F\nf = F.__dict__[name]", [e for e in FORBID if e.startswith("torch")]),
+    ("import importlib\nt = importlib.import_module('camplib')\nf = getattr(t, name)", FORBID[2:3]),
+    ("%timeit torch.softmax(x, -1)", FORBID[3:6]),
+    # an honest student's own names are never forbidden calls
+    ("scaled_dot_product_attention = None\nprint(scaled_dot_product_attention)", []),
+    ("class Block(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+     "        self.softmax = MySoftmax()\n    def forward(self, x):\n        return self.softmax(x)", []),
+    ("class A:\n    def scaled_dot_product_attention(self, q, k, v):\n        return q\n"
+     "y = A().scaled_dot_product_attention(q, k, v)", []),
+    ("import torch\nnames = ['softmax']\nprint('softmax', x.log_softmax(-1), self.softmax_scale)", []),
 ])
 def test_static_scan_resolves_aliases_and_spellings(source, expected):
     assert static_uses(source, FORBID) == expected
@@ -146,3 +173,193 @@ def test_structure_repair_runs_solutions_once_and_never_runs_tests():
     program = build_program(spec, nb)
     assert not any(cell.source.strip() == test_cell.source.strip() for cell in program.cells)
     assert any("looks like a test cell" in n for n in program.notes)
+
+
+@pytest.mark.parametrize("name, entry, expected", [
+    ("_softmax", "torch.softmax", True), ("_safe_softmax", "torch.softmax", True),
+    ("special_softmax", "torch.softmax", True), ("Softmax", "torch.softmax", True),
+    ("_softmax_backward_data", "torch.softmax", True), ("log_softmax", "torch.softmax", False),
+    ("_log_softmax", "torch.softmax", False), ("softmax_scale", "torch.softmax", False),
+    ("_scaled_dot_product_flash_attention", FORBID[0], True), ("_scaled_dot_product_attention_math", FORBID[0], True),
+    ("scaled_dot_product", FORBID[0], False), ("native_layer_norm", "torch.nn.functional.layer_norm", True),
+    ("_fused_adamw_", "torch.optim.AdamW", True), ("_fused_adam_", "torch.optim.AdamW", False),
+    ("MultiHeadAttention", "torch.nn.MultiheadAttention", False),
+])
+def test_aliases_are_the_same_function_under_another_name(name, entry, expected):
+    assert alias_of(name, entry) is expected
+
+
+@pytest.mark.parametrize("source, fragment", [
+    ("import importlib, camplib\nimportlib.reload(camplib)", "importlib.reload"),
+    ("import sys\nsys.modules['camplib.attention'] = object()", "sys.modules"),
+    ("import camplib.dist\ncamplib.dist.launch = print", "assigns to camplib.dist.launch"),
+    ("import torch.nn.functional as F\nsetattr(F, 'softmax', print)", "replaces torch.nn.functional.softmax"),
+    ("import torch.nn.functional as F\nF.softmax = print", "assigns to torch.nn.functional.softmax"),
+    ("import torch.nn.functional as F\nf = F.scaled_dot_product_attention.__wrapped__", "__wrapped__"),
+    ("f = g.__closure__[0].cell_contents", "__closure__"),
+    ("import gc\nx = gc.get_referents(f)", "gc.get_referents"),
+    ("from torch.utils._python_dispatch import _disable_current_modes", "machinery"),
+    ("import torch\ntorch._C._unset_dispatch_mode(0)", "machinery"),
+    ("import autograder.grading.observe", "machinery"),
+    ("a = __import__('autograder')\na.grading.observe.called_by_student = print", "machinery"),
+    ("a = __import__('autograder')\nm = getattr(a, 'gra' + 'ding')", "computed names"),
+
+    ("exec(code)", "exec()"),
+    ("m = __import__(name)", "__import__()"),
+    ("!python helper.py", "shell command"),
+    ("x = !ls", "shell command"),
+    ("%run helper.py", "%run"),
+    ("%%bash\npython helper.py\n", "%bash"),
+    ("%%writefile helper.py\nimport torch\n", "%writefile"),
+    ("get_ipython().run_cell('import torch')", "get_ipython"),
+    ("ip = get_ipython()", "get_ipython"),
+    ("run helper.py", "cannot be parsed"),     # automagic: IPython would run it, Python cannot parse it
+    ("def f(:\n    pass", "cannot be parsed"),
+    ("import types\nf = types.FunctionType(code, {})", "types.FunctionType"),
+])
+def test_escapes_from_the_scan_are_findings(source, fragment):
+    hits, findings = scan(source, FORBID)
+    assert any(fragment in f for f in findings), (hits, findings)
+
+
+@pytest.mark.parametrize("source", [
+    "%matplotlib inline\nimport torch",
+    "%time y = softmax(x)",
+    "import torch\ntorch.tril = lambda x: x\nimport numpy\nnumpy.testing.assert_allclose = print",
+    "import gc\ngc.collect()",
+    "f?",
+])
+def test_harmless_code_is_not_a_finding(source):
+    assert scan(source, FORBID) == ([], [])
+
+
+def _cells(nb):
+    spec = LabSpec.from_notebook(B01.source_path(ROOT))
+    return spec, build_program(spec, nb).cells
+
+
+def test_a_forbidden_call_costs_its_exercise_and_every_exercise_built_on_it(tmp_path):
+    from autograder.course.reference import student_notebook
+    spec, cells = _cells(student_notebook("b01", {"softmax": "def softmax(x, dim=-1):\n    return x.softmax(dim)\n"}))
+    banned = banned_tests(spec, cells, FORBID, tmp_path)
+    assert sorted(banned) == ["test_mha", "test_sdpa", "test_softmax"]
+    assert "torch.Tensor.softmax" in banned["test_softmax"] and "forbids" in banned["test_softmax"]
+    spec, cells = _cells(student_notebook("b01"))
+    assert banned_tests(spec, cells, FORBID, tmp_path) == {}
+
+
+def test_every_python_file_is_scanned_and_unreadable_modules_are_findings(tmp_path):
+    from autograder.course.reference import student_notebook
+    spec, cells = _cells(student_notebook("b01"))
+    (tmp_path / "mine.py").write_text("def softmax(x, dim=-1):\n    return (x - x.amax(dim, keepdim=True)).exp()\n")
+    assert banned_tests(spec, cells, FORBID, tmp_path) == {}           # an honest helper module
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "deep.py").write_text("import torch\nf = torch.ops.aten._softmax\n")
+    banned = banned_tests(spec, cells, FORBID, tmp_path)
+    assert set(banned) == {t.grade_id for t in spec.tests} and "a/b/deep.py uses torch.softmax" in banned["test_mha"]
+    (tmp_path / "a" / "b" / "deep.py").unlink()
+    (tmp_path / "fast.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    banned = banned_tests(spec, cells, FORBID, tmp_path)
+    assert set(banned) == {t.grade_id for t in spec.tests} and "cannot read it" in banned["test_softmax"]
+    (tmp_path / "fast.cpython-312-x86_64-linux-gnu.so").unlink()
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    assert "broken.py cannot be parsed" in banned_tests(spec, cells, FORBID, tmp_path)["test_masks"]
+
+
+@pytest.fixture
+def observer():
+    """An Observer armed in this process, disarmed afterwards."""
+    import torch.nn.functional as F
+    saved = (F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax, torch.nn.MultiheadAttention)
+    obs = Observer(FORBID)
+    yield obs
+    F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax, torch.nn.MultiheadAttention = saved
+
+
+def test_the_runtime_observer_sees_operators_whatever_the_name(observer):
+    x = torch.randn(2, 5)
+    mine = lambda t: (t - t.amax(-1, keepdim=True)).exp() / (t - t.amax(-1, keepdim=True)).exp().sum(-1, keepdim=True)  # noqa: E731
+    observer.run(mine, x)
+    assert observer.hits == set()                                          # honest code: nothing
+    observer.run(lambda t: torch.ops.aten._safe_softmax.default(t, -1), x)  # no Python wrapper on this name
+    assert observer.hits == set(FORBID[3:6])
+    observer.reset()
+    q = torch.randn(1, 2, 3, 4)
+    observer.run(lambda t: torch._C._nn.scaled_dot_product_attention(t, t, t), q)
+    assert observer.hits == {FORBID[0]}
+    observer.reset()
+    import autograder.grading.observe as observe
+    _, course = observe._dirs()
+    library_code = compile("y = x.softmax(-1)", course[0] + "fake.py", "exec")   # camplib's own call, not theirs
+    observer.run(exec, library_code, {"x": x})
+    assert observer.hits == set()
+
+
+def test_canaries_come_back_only_while_the_observer_is_in_place(observer):
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import _pop_mode
+    plan = list(canary_plan(tuple(FORBID)))
+    assert {e for e, _, _ in plan} == {FORBID[0], FORBID[1], *FORBID[3:6]}    # camplib.attention is a module
+    assert all(observer.canary(plan, seed=7))
+    F.scaled_dot_product_attention = observer.tripwires.originals[FORBID[0]]   # a wrapper removed
+    seen = observer.canary(plan, seed=8)
+    assert seen[plan.index((FORBID[0], "name", plan[0][2]))] is True            # ... the dispatch layer still sees it
+    observer.mode = None                                                        # and the dispatch layer gone too
+    seen = observer.canary(plan, seed=9)
+    assert seen[plan.index((FORBID[0], "name", plan[0][2]))] is False
+    armed = Observer.__new__(Observer)
+    armed.__dict__.update(observer.__dict__)
+    armed.mode = observer.__class__(FORBID).mode
+    armed.run(lambda: _pop_mode())                 # the student's code pops the mode while it runs
+    assert armed.intact is False
+
+
+def test_wire_bounds_what_a_hostile_frame_can_cost():
+    from autograder.grading import wire
+
+    class Trickle(io.BytesIO):
+        asked: list = []
+
+        def read(self, n=-1):
+            self.asked.append(n)
+            return super().read(n)
+    lying = Trickle(struct.pack(">Q", 2) + b"{}" + struct.pack(">Q", 200 * 2**20) + b"x" * 10)
+    with pytest.raises(EOFError):
+        read_message(lying)                         # claims 200 MiB, sends 10 bytes
+    assert max(lying.asked) <= wire.CHUNK_BYTES     # never a buffer the claim sized
+    over = io.BytesIO(struct.pack(">Q", 2) + b"{}" + struct.pack(">Q", wire.MAX_BLOB_BYTES + 1))
+    with pytest.raises(WireError, match="exceeds"):
+        read_message(over)
+    assert wire.MAX_BLOB_BYTES <= 256 * 2**20
+    deep = b"[" * 100000
+    with pytest.raises(WireError, match="malformed message header"):
+        read_message(io.BytesIO(struct.pack(">Q", len(deep)) + deep + struct.pack(">Q", 0)))
+    bad_st = struct.pack("<Q", 60) + b'{"t0": {"dtype": "F32", "shape": [1000000], "data_offsets": [0, 4000000]}}'
+    with pytest.raises(WireError, match="malformed tensor blob"):
+        read_message(io.BytesIO(struct.pack(">Q", 2) + b"{}" + struct.pack(">Q", len(bad_st)) + bad_st))
+    with pytest.raises(WireError):
+        decode({"__int__": "9" * 5000}, {})
+
+
+def test_hidden_case_failures_name_the_case_and_the_first_bad_element():
+    x = torch.zeros(2, 3, dtype=torch.float64)
+    y = x.clone()
+    y[0, 2], y[1, 0] = 1e-3, 5.0
+    with pytest.raises(AssertionError) as err:
+        with case(3, seed=123, shape=x.shape, dtype=x.dtype, dim=1):
+            check_close("softmax(x)", y, x)
+    msg = str(err.value)
+    assert msg.startswith("hidden case 3 (seed 123, shape (2, 3), float64, dim=1): softmax(x): ")
+    assert "max |difference| = 5 at index (1, 0)" in msg and "first at index (0, 2)" in msg
+    with pytest.raises(AssertionError, match=r"^hidden case 0: TypeError: boom"):
+        with case(0):
+            raise TypeError("boom")
+    with case(1, seed=1):
+        check_close("fine", x, x)                  # a passing case says nothing
+
+
+def test_the_grader_sets_a_fresh_seed_in_the_trusted_namespace_only():
+    from autograder.grading.engine import _trusted_namespace, new_seed
+    spec = LabSpec.from_notebook(B01.source_path(ROOT))
+    assert _trusted_namespace(spec, 4242)["seed"] == 4242
+    assert len({new_seed() for _ in range(5)}) > 1

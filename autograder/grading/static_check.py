@@ -1,0 +1,119 @@
+"""The trusted static check of a whole submission, shared by `camp grade` and `camp check`:
+every cell that will run and every file the submission could import, scanned for forbidden APIs
+and for what would escape the scan (autograder.grading.forbid), turned into "test -> why it
+scores 0".
+
+Which tests a problem costs: a forbidden API in a solution cell costs that exercise's tests and
+the tests of every exercise whose cells use a name that cell defines (the attention module
+calling a forbidden attention function); anywhere else (a cell the student added, a .py file)
+it can affect anything, so it costs every test. Code the scan cannot check (unparsable source,
+magics that run hidden code, a compiled module) and tampering cost every test.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from ..course.labspec import LabSpec
+from .forbid import _is_module, _ipython_transform, own_attributes, scan
+
+# Files Python can import or load that the scan cannot read.
+UNSCANNABLE = {".pyc", ".pyo", ".so", ".pyd", ".dll", ".dylib", ".pth", ".egg", ".whl"}
+MAX_FILES = 500
+
+
+def course_sources(spec: LabSpec) -> set[str]:
+    return set(spec.locked.values()) | {spec.parameters, *spec.setup}
+
+
+def submission_files(folder: Path, course_folder: Path | None) -> tuple[list[Path], list[Path]]:
+    """(.py files, unscannable importable files) under `folder`, any depth, leaving out files
+    identical to the course's own copy of the same path."""
+    py, opaque = [], []
+    for path in sorted(folder.rglob("*"))[: MAX_FILES * 4]:
+        if not path.is_file() or path.is_symlink():
+            continue
+        rel = path.relative_to(folder)
+        ours = course_folder / rel if course_folder else None
+        if ours is not None and ours.is_file() and ours.read_bytes() == path.read_bytes():
+            continue
+        if path.suffix == ".py":
+            py.append(path)
+        elif path.suffix in UNSCANNABLE or ".so." in path.name or path.name.endswith(".cpython"):
+            opaque.append(path)
+    return py[:MAX_FILES], opaque
+
+
+def banned_tests(spec: LabSpec, cells, forbid: list[str], folder: Path | None = None,
+                 course_folder: Path | None = None) -> dict[str, str]:
+    """test grade_id -> message, for every test a forbidden API or an escape from the scan costs.
+    `cells`: (label, source, grade_id) in the order they run."""
+    all_tests = [t.grade_id for t in spec.tests]
+    banned: dict[str, str] = {}
+    if not forbid:
+        return banned
+
+    def ban(tests, message):
+        for test in tests:
+            banned.setdefault(test, message)
+
+    py_files, opaque = submission_files(folder, course_folder) if folder else ([], [])
+    for path in opaque:
+        ban(all_tests, f"{path.relative_to(folder)} could be imported but the grader cannot read it "
+                       "(compiled or packed code): submit Python source")
+    sources = [(f"{p.relative_to(folder)}", p.read_text(errors="replace"), None, False) for p in py_files]
+    local = {p.relative_to(folder).parts[0].removesuffix(".py") for p in py_files}
+    local = {m for m in local if not _is_module(m)}    # a file named like a library never shadows it
+    course = course_sources(spec)
+    student_cells = [(label, source, gid, True) for label, source, gid in cells if source not in course]
+    own = own_attributes([s for _, s, _, _ in student_cells + sources])
+    aliases: dict[str, str] = {}
+    for source in [spec.parameters, *spec.setup]:      # imports the course's own cells make
+        scan(source, [], aliases=aliases)
+    defines = _defines(cells)
+    for label, source, grade_id, is_cell in student_cells + sources:
+        hits, findings = scan(source, forbid, cell=is_cell, own=own, local_modules=local,
+                              aliases=aliases if is_cell else {})
+        if findings:
+            ban(all_tests, f"{label} {findings[0]}")
+        if hits:
+            message = f"{label} uses {', '.join(hits)}, which this lab forbids"
+            ban(_affected(spec, grade_id, defines.get(label, set()), cells) if is_cell else all_tests, message)
+    return banned
+
+
+def _defines(cells) -> dict[str, set[str]]:
+    out = {}
+    for label, source, _ in cells:
+        try:
+            tree = ast.parse(_ipython_transform(source))
+        except (SyntaxError, ValueError):
+            continue
+        out[label] = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))} \
+            | {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    return out
+
+
+def _affected(spec: LabSpec, grade_id: str | None, names: set[str], cells) -> list[str]:
+    """Tests of the exercise `grade_id` plus those of every solution cell that (transitively)
+    uses a name this cell defines; every test when the cell is not a solution cell."""
+    if not grade_id or grade_id not in spec.solution_tests:
+        return [t.grade_id for t in spec.tests]
+    tests = list(spec.solution_tests.get(grade_id, []))
+    tainted, changed = set(names), True
+    done = {grade_id}
+    while changed:
+        changed = False
+        for label, source, gid in cells:
+            if not gid or gid in done or gid not in spec.solution_tests:
+                continue
+            try:
+                used = {n.id for n in ast.walk(ast.parse(_ipython_transform(source))) if isinstance(n, ast.Name)}
+            except (SyntaxError, ValueError):
+                continue
+            if used & tainted:
+                done.add(gid)
+                tests += spec.solution_tests[gid]
+                tainted |= _defines([(label, source, gid)]).get(label, set())
+                changed = True
+    return list(dict.fromkeys(tests))
