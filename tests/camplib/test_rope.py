@@ -9,6 +9,7 @@ Tolerances: fp32 atol 1e-6, rtol 1e-5 (the same products summed in another order
 import pytest
 import torch
 
+from camplib.hf import to_hf
 from camplib.model import GPT, GPTConfig
 from camplib.rope import RotaryEmbedding, convert_rope_pairing, permute_qk_rows
 from tests.support import assert_close
@@ -31,7 +32,10 @@ def meta_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) 
 @pytest.mark.parametrize("theta, offset", [(10000.0, 0), (500000.0, 7)])
 def test_half_split_equals_transformers_llama(theta, offset):
     from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+    from transformers.models.llama.modeling_llama import (
+        LlamaRotaryEmbedding,
+        apply_rotary_pos_emb,
+    )
 
     B, H, T, D = 2, 3, 9, 16
     g = torch.Generator().manual_seed(0)
@@ -108,4 +112,4 @@ def test_interleaved_model_with_permuted_weights_gives_the_same_logits(bias, n_k
     back = convert_rope_pairing(inter, "half")
     assert_close("converted back to half-split", back(idx)[0], ref, atol=1e-10, rtol=1e-10)
     with pytest.raises(ValueError, match="half-split"):
-        inter.to_hf()
+        to_hf(inter)

@@ -8,7 +8,13 @@ import pytest
 
 from autograder.catalog import Catalog, repo_root
 from autograder.cli import main
-from autograder.course.howto import CELL_ID, HEADING, exercises, how_to_work, strip_handwritten
+from autograder.course.howto import (
+    CELL_ID,
+    HEADING,
+    exercises,
+    how_to_work,
+    strip_handwritten,
+)
 from autograder.course.labspec import LabSpec
 from autograder.course.release import check_release, leaks, release_labs
 

@@ -7,7 +7,11 @@ import pytest
 from autograder.catalog import Catalog, repo_root
 from autograder.cli import main
 from autograder.course.reference import student_notebook
-from autograder.course.selfcheck import check_notebook, grading_problems, structure_problems
+from autograder.course.selfcheck import (
+    check_notebook,
+    grading_problems,
+    structure_problems,
+)
 
 ROOT = repo_root()
 

@@ -11,7 +11,11 @@ import json
 import pytest
 
 from autograder.catalog import Catalog, repo_root
-from autograder.course.reference import solution_cells, student_notebook, write_submission
+from autograder.course.reference import (
+    solution_cells,
+    student_notebook,
+    write_submission,
+)
 from autograder.grading.grade import GradeOptions, grade
 from autograder.isolation.sandbox import namespaces_available
 

@@ -210,7 +210,7 @@ def _sheet(out):
 
 @pytest.mark.slow
 def test_a_crash_midway_still_writes_the_grade_sheet_and_exits_non_zero(tmp_path, monkeypatch, capsys):
-    def broken_pool(jobs, n):
+    def broken_pool(jobs, n, isolation):
         raise RuntimeError("the worker pool broke")
         yield
 
@@ -227,12 +227,12 @@ def test_a_crash_midway_still_writes_the_grade_sheet_and_exits_non_zero(tmp_path
 
 @pytest.mark.slow
 def test_grader_errors_exit_non_zero_and_are_named_while_the_rest_is_graded(tmp_path, monkeypatch, capsys):
-    def fake_pool(jobs, n):
+    def fake_pool(jobs, n, isolation):
         for job in jobs:
             tests = [grading_results.TestOutcome("test_softmax", 12.0, 12.0 if job["student"] == "bea" else 0.0)]
             status, retry = ("graded", False) if job["student"] == "bea" else ("error", True)
             yield job, grading_results.SubmissionResult(job["student"], job["lab"], status, score=tests[0].score, max_score=12.0,
-                                        tests=tests, retry=retry, message="" if not retry else "grader error: boom")
+                                        tests=tests, retry=retry, message="" if not retry else "grader error: boom"), False
 
     monkeypatch.setattr(grade_module, "_run_jobs", fake_pool)
     out = tmp_path / "ws"

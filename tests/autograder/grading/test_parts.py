@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from autograder.catalog import Catalog, repo_root
-from autograder.course.labspec import LabSpec, defined_names
 from autograder.checks import case, check_close
+from autograder.course.labspec import LabSpec, defined_names
 from autograder.grading.forbid import Tripwires, alias_of, scan, static_uses
 from autograder.grading.observe import Observer, canary_plan
-from autograder.grading.static_check import banned_tests
 from autograder.grading.program import build_program
+from autograder.grading.static_check import banned_tests
 from autograder.grading.wire import (
     Handle,
     WireError,

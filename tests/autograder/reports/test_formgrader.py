@@ -22,7 +22,11 @@ from autograder.course.reference import student_notebook, write_submission
 from autograder.grading.results import SubmissionResult
 from autograder.grading.results import TestOutcome as Outcome
 from autograder.grading.uploads import copy_plain_files
-from autograder.reports.formgrader import MISSING_SOLUTION, autograded_notebook, publish_for_formgrader
+from autograder.reports.formgrader import (
+    MISSING_SOLUTION,
+    autograded_notebook,
+    publish_for_formgrader,
+)
 from autograder.reports.gradebook import needs_manual_grade, record
 
 ROOT = repo_root()
