@@ -1,4 +1,4 @@
-"""Benchmark: wall time to grade a class of 20 b01 submissions.
+"""Benchmark: wall time to grade a class of 8 b01 submissions (the platform issue's yardstick).
 
 Side by side in one run, on the same machine and the same submissions:
   1. plain nbgrader autograde, serial, through its API (what nbgrader alone offers);
@@ -6,7 +6,7 @@ Side by side in one run, on the same machine and the same submissions:
   3. camp grade --jobs N (N = cores by default).
 Prints seconds and ratios, and checks that all three give the same scores.
 
-  .venv/bin/python benchmarks/grading_speed.py [--students 20] [--jobs N]
+  .venv/bin/python benchmarks/grading_speed.py [--students 8] [--jobs N]
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def camp(subs: Path, ws: Path, jobs: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--students", type=int, default=20)
+    parser.add_argument("--students", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--skip-nbgrader", action="store_true", help="only the two camp runs")
     args = parser.parse_args()
