@@ -10,6 +10,7 @@ from autograder.catalog import Catalog, repo_root
 from autograder.cli import main
 from autograder.course.reference import student_notebook, write_submission
 from autograder.reports.gradebook import scores
+from tests.course.mistakes.b01 import TOP_LEFT_MASKS  # a causal mask aligned top-left
 
 ROOT = repo_root()
 LAB = "b01"
@@ -21,17 +22,6 @@ def softmax(x, dim=-1):
     e = torch.exp(x)
     return e / e.sum(dim=dim, keepdim=True)
 '''
-# a causal mask aligned top-left (torch's is_causal convention) instead of bottom-right
-TOP_LEFT_MASKS = '''
-def causal_mask(L, S=None, device=None):
-    S = L if S is None else S
-    return torch.ones(L, S, dtype=torch.bool, device=device).tril()
-
-def padding_mask(lengths, S):
-    return (torch.arange(S, device=lengths.device)[None, :] < lengths[:, None])[:, None, None, :]
-'''
-
-
 def _with_broken_setup(nb, first_line):
     """The notebook with its setup (imports) cell starting with `first_line`."""
     setup = next(c for c in nb.cells if c.cell_type == "code" and "import torch" in c.source)
