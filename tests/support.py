@@ -38,3 +38,14 @@ def assert_close(name: str, actual, expected, *, atol: float | None = None, rtol
         expected = torch.as_tensor(expected, dtype=torch.float64)
         check_dtype = False
     check_close(name, actual, expected, atol=atol, rtol=rtol, check_dtype=check_dtype)
+
+
+def saved_results(workspace: Path, lab_name: str) -> dict[str, dict]:
+    """student -> the SubmissionResult dict `camp grade` saved in `workspace` for `lab_name`."""
+    import json
+    return {p.stem: json.loads(p.read_text())["result"] for p in (workspace / "results" / lab_name).glob("*.json")}
+
+
+def failed_tests(results: dict[str, dict], student: str) -> list[str]:
+    """grade_ids of the tests `student` failed (sorted), from `saved_results`."""
+    return sorted(t["grade_id"] for t in results[student]["tests"] if t["message"])

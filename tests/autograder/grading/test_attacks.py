@@ -25,6 +25,7 @@ from autograder.course.reference import (
 )
 from autograder.grading.grade import GradeOptions, grade
 from autograder.isolation.sandbox import BASE_UID, namespaces_available
+from tests.support import failed_tests, saved_results
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not namespaces_available(), reason="the bwrap sandbox needs root and bubblewrap")]
@@ -174,12 +175,8 @@ def graded(tmp_path_factory):
     rows = grade(subs, Catalog.load(), ROOT, out, None, options)
     listener.stop = True
     results = {r.student: r for r in rows}
-    details = {p.stem: json.loads(p.read_text())["result"] for p in (out / "results" / "b01_attention").glob("*.json")}
+    details = saved_results(out, "b01_attention")
     return out, results, details, listener
-
-
-def _failed(details, student):
-    return sorted(t["grade_id"] for t in details[student]["tests"] if t["message"])
 
 
 def test_honest_student_is_unaffected_by_everyone_else(graded):
@@ -190,7 +187,7 @@ def test_honest_student_is_unaffected_by_everyone_else(graded):
 @pytest.mark.parametrize("student", ["patch_checks", "fake_eq", "shadow"])
 def test_tests_run_outside_the_students_interpreter(graded, student):
     _, rows, details, _ = graded
-    assert rows[student].score == 10 and _failed(details, student) == ["test_masks"]
+    assert rows[student].score == 10 and failed_tests(details, student) == ["test_masks"]
 
 
 def test_fake_eq_is_reported_as_ungradable_value(graded):
@@ -202,7 +199,7 @@ def test_fake_eq_is_reported_as_ungradable_value(graded):
 @pytest.mark.parametrize("student", ["read_solutions", "read_gradebook", "read_relative", "read_git"])
 def test_solutions_gradebook_and_other_students_are_unreadable(graded, student):
     _, rows, details, _ = graded
-    assert _failed(details, student) == ["test_masks"] and rows[student].score == 10
+    assert failed_tests(details, student) == ["test_masks"] and rows[student].score == 10
 
 
 def test_gradebook_cannot_be_written(graded):
@@ -222,9 +219,9 @@ def test_a_crashing_or_hanging_cell_is_skipped_and_the_rest_is_graded(graded, st
 
 def test_a_crash_inside_a_test_costs_only_that_test(graded):
     _, rows, details, _ = graded
-    assert _failed(details, "exit_in_mha") == ["test_mha"] and rows["exit_in_mha"].score == 8
+    assert failed_tests(details, "exit_in_mha") == ["test_mha"] and rows["exit_in_mha"].score == 8
     assert "exited" in next(t["message"] for t in details["exit_in_mha"]["tests"] if t["grade_id"] == "test_mha")
-    assert _failed(details, "hang_in_mask") == ["test_masks"] and rows["hang_in_mask"].score == 10
+    assert failed_tests(details, "hang_in_mask") == ["test_masks"] and rows["hang_in_mask"].score == 10
     assert "timed out" in next(t["message"] for t in details["hang_in_mask"]["tests"] if t["grade_id"] == "test_masks")
 
 
@@ -259,6 +256,6 @@ def test_no_process_outlives_grading_and_the_network_is_closed(graded):
 def test_forbidden_apis_score_zero_on_the_affected_tests(graded):
     _, rows, details, _ = graded
     for student in ("forbidden_sdpa", "forbidden_obfuscated"):
-        assert _failed(details, student) == ["test_mha", "test_sdpa"], details[student]["tests"]
+        assert failed_tests(details, student) == ["test_mha", "test_sdpa"], details[student]["tests"]
         message = next(t["message"] for t in details[student]["tests"] if t["grade_id"] == "test_sdpa")
         assert "torch.nn.functional.scaled_dot_product_attention" in message and "forbid" in message

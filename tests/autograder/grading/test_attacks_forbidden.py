@@ -6,7 +6,6 @@ cost. b01 forbids torch's attention and softmax (labs.toml); its tests are test_
 test_masks (2), test_sdpa (4, uses the student's softmax) and test_mha (4, uses their
 attention). Honest students whose own names look like forbidden ones must score full marks.
 """
-import json
 
 import pytest
 
@@ -18,6 +17,7 @@ from autograder.course.reference import (
 )
 from autograder.grading.grade import GradeOptions, grade
 from autograder.isolation.sandbox import namespaces_available
+from tests.support import failed_tests, saved_results
 
 pytestmark = pytest.mark.slow
 
@@ -184,12 +184,8 @@ def graded(tmp_path_factory):
     isolation = "namespace" if namespaces_available() else "none"
     rows = grade(subs, Catalog.load(), ROOT, out, None,
                  GradeOptions(jobs=2, cell_timeout=20, isolation=isolation, seed=SEED))
-    details = {p.stem: json.loads(p.read_text())["result"] for p in (out / "results" / "b01_attention").glob("*.json")}
+    details = saved_results(out, "b01_attention")
     return {r.student: r for r in rows}, details
-
-
-def _failed(details, student):
-    return sorted(t["grade_id"] for t in details[student]["tests"] if t["message"])
 
 
 def _message(details, student, test):
@@ -199,7 +195,7 @@ def _message(details, student, test):
 @pytest.mark.parametrize("student", sorted(EXPECTED_FAILED))
 def test_each_attack_costs_exactly_its_tests(graded, student):
     rows, details = graded
-    assert _failed(details, student) == EXPECTED_FAILED[student], details[student]["tests"]
+    assert failed_tests(details, student) == EXPECTED_FAILED[student], details[student]["tests"]
     points = {"test_softmax": 2, "test_masks": 2, "test_sdpa": 4, "test_mha": 4}
     assert rows[student].score == 12 - sum(points[t] for t in EXPECTED_FAILED[student])
 

@@ -19,7 +19,6 @@ A checkout in a folder other users cannot traverse (0700) grades too (last test)
 Needs root and bubblewrap; skipped elsewhere with that reason.
 """
 import csv
-import json
 import os
 import shutil
 import subprocess
@@ -39,6 +38,7 @@ from autograder.isolation.sandbox import (
     sandbox_problem,
 )
 from autograder.isolation.uids import LOCK_DIR
+from tests.support import failed_tests, saved_results
 
 from .test_attacks import _cell, _wrong_unless
 
@@ -226,18 +226,14 @@ def graded(tmp_path_factory):
     finally:
         tempfile.tempdir = saved
     results = {r.student: r for r in rows}
-    details = {p.stem: json.loads(p.read_text())["result"] for p in (out / "results" / "b01_attention").glob("*.json")}
+    details = saved_results(out, "b01_attention")
     return out, results, details, scratch
 
 
-def _failed(details, student):
-    return sorted(t["grade_id"] for t in details[student]["tests"] if t["message"])
-
-
-def _attack_failed(rows, details, student):
+def _attackfailed_tests(rows, details, student):
     """The attacker lost exactly test_masks (2 points): the attack did not work, and nothing
     else about its grading changed."""
-    assert (_failed(details, student), rows[student].score) == (["test_masks"], 10), details[student]
+    assert (failed_tests(details, student), rows[student].score) == (["test_masks"], 10), details[student]
 
 
 def test_honest_classmates_score_as_if_alone(graded):
@@ -249,11 +245,11 @@ def test_honest_classmates_score_as_if_alone(graded):
 class TestHostFileSystem:
     def test_nothing_outside_the_allow_list_is_readable(self, graded):
         _, rows, details, _ = graded
-        _attack_failed(rows, details, "fs_read")
+        _attackfailed_tests(rows, details, "fs_read")
 
     def test_nothing_outside_the_sandbox_tmpfs_is_writable(self, graded):
         _, rows, details, _ = graded
-        _attack_failed(rows, details, "fs_write")
+        _attackfailed_tests(rows, details, "fs_write")
         assert not any((p / "camp-x").exists() for p in [*course_paths(), ROOT, Path("/etc"), Path("/usr/lib")])
 
 
@@ -261,7 +257,7 @@ class TestChannelsBetweenSubmissions:
     def test_nothing_passes_from_one_submission_to_another(self, graded):
         _, rows, details, _ = graded
         assert rows["chan_1_sender"].score == 12, details["chan_1_sender"]
-        _attack_failed(rows, details, "chan_2_receiver")
+        _attackfailed_tests(rows, details, "chan_2_receiver")
 
 
 class TestTrapsForTheGrader:
@@ -277,21 +273,21 @@ class TestTrapsForTheGrader:
 class TestPrivilege:
     def test_no_user_namespace_mount_setuid_or_keyring(self, graded):
         _, rows, details, _ = graded
-        _attack_failed(rows, details, "privilege")
+        _attackfailed_tests(rows, details, "privilege")
 
 
 class TestQuotasAndFairness:
     def test_disk_bytes_and_inodes_are_capped(self, graded):
         _, rows, details, _ = graded
-        _attack_failed(rows, details, "disk_filler")
+        _attackfailed_tests(rows, details, "disk_filler")
 
     def test_a_fork_storm_is_capped_and_costs_only_its_author(self, graded):
         _, rows, details, _ = graded
-        _attack_failed(rows, details, "fork_storm")
+        _attackfailed_tests(rows, details, "fork_storm")
 
     def test_a_memory_eater_is_capped_and_costs_only_its_author(self, graded):
         _, rows, details, _ = graded
-        _attack_failed(rows, details, "memory_eater")
+        _attackfailed_tests(rows, details, "memory_eater")
 
     def test_no_cgroup_is_left_behind(self, graded):
         groups = [p for p in Path("/sys/fs/cgroup").rglob("camp-*") if p.is_dir()]
