@@ -6,6 +6,7 @@
   with a message that helps.
 """
 import json
+import warnings
 
 import pytest
 
@@ -33,10 +34,20 @@ def test_every_ready_lab_has_a_typical_mistake():
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", LABS, ids=IDS)
 def test_solution_runs_in_the_ci_profile_within_budget(lab, tmp_path):
-    result = run_lab(lab, ROOT, tmp_path, "ci")
+    """Timed like timeit: the best of at most two runs. Under xdist the other worker may be
+    grading hostile submissions that spin on purpose; one slow run (on CI once: b01, 137 s, when
+    it runs in 14 s alone) is reported loudly with where its time went, then measured again."""
+    result = run_lab(lab, ROOT, tmp_path / "first", "ci")
     assert result.ok, f"{lab.id}: {result.message}"
     print(f"{lab.id}: ci profile ran in {result.seconds:.1f} s")
-    assert result.seconds < CI_BUDGET_S, f"{lab.id}: ci profile took {result.seconds:.1f} s (budget {CI_BUDGET_S:.0f} s)"
+    if result.seconds >= CI_BUDGET_S:
+        slow = f"{lab.id}: ci profile took {result.seconds:.1f} s ({result.slowest_cells()})"
+        warnings.warn(f"{slow}; measuring it again")
+        result = run_lab(lab, ROOT, tmp_path / "again", "ci")
+        assert result.ok, f"{lab.id} (second run): {result.message}"
+        print(f"{lab.id}: second run {result.seconds:.1f} s")
+        assert result.seconds < CI_BUDGET_S, (f"{slow}; again {result.seconds:.1f} s ({result.slowest_cells()}); "
+                                              f"budget {CI_BUDGET_S:.0f} s")
 
 
 @pytest.mark.slow
