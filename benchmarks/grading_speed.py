@@ -2,17 +2,23 @@
 
 Side by side in one run, on the same machine and the same submissions:
   1. plain nbgrader autograde, serial, through its API (what nbgrader alone offers);
-  2. camp grade --jobs 1 (sandboxed, tests outside the student's process);
-  3. camp grade --jobs N (N = cores by default).
-Prints seconds and ratios, and checks that all three give the same scores.
+  2. `camp grade --jobs 1` (sandboxed, tests outside the student's process);
+  3. `camp grade --jobs N` (N = cores by default).
+Each camp run is the command itself in a fresh process, as an instructor runs it (start-up
+included), into a fresh workspace; the two camp settings alternate (1, N, N, 1, ...) over
+`--rounds` rounds so that drift in the machine's load hits both alike, and each is reported as
+its mean. Prints seconds and ratios, and checks that all runs give the same scores.
 
-  .venv/bin/python benchmarks/grading_speed.py [--students 8] [--jobs N]
+  .venv/bin/python benchmarks/grading_speed.py [--students 8] [--jobs N] [--rounds 2]
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +26,6 @@ from pathlib import Path
 from autograder.catalog import Catalog, repo_root
 from autograder.course.nbgrader_setup import nbgrader_api, nbgrader_config
 from autograder.course.reference import student_notebook, write_submission
-from autograder.grading.grade import GradeOptions, grade
 
 LAB = "b01"
 WRONG_MASKS = "def causal_mask(L, S=None, device=None):\n    return torch.ones(L, L if S is None else S, dtype=torch.bool)\n" \
@@ -49,38 +54,47 @@ def nbgrader_serial(subs: Path, ws: Path) -> dict[str, float]:
 
 
 def camp(subs: Path, ws: Path, jobs: int) -> dict[str, float]:
-    rows = grade(subs, Catalog.load(), repo_root(), ws, None, GradeOptions(jobs=jobs))
-    return {r.student: r.score for r in rows}
+    subprocess.run([sys.executable, "-m", "autograder.cli", "grade", str(subs), "--out", str(ws), "--jobs", str(jobs)],
+                   check=True, stdout=subprocess.DEVNULL)
+    with open(ws / "grades.csv", newline="") as f:
+        return {row["student"]: float(row["score"]) for row in csv.DictReader(f)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--students", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--skip-nbgrader", action="store_true", help="only the two camp runs")
+    parser.add_argument("--rounds", type=int, default=2, help="camp runs per setting, alternating")
+    parser.add_argument("--skip-nbgrader", action="store_true", help="only the camp runs")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="camp-bench-"))
     make_class(tmp / "subs", args.students)
-    timings, scores = {}, {}
-    runs = [("nbgrader autograde, serial", lambda: nbgrader_serial(tmp / "subs", tmp / "nbgrader")),
-            ("camp grade --jobs 1", lambda: camp(tmp / "subs", tmp / "camp1", 1)),
-            (f"camp grade --jobs {args.jobs}", lambda: camp(tmp / "subs", tmp / "campN", args.jobs))]
-    for name, fn in runs[args.skip_nbgrader:]:
+    one, many = "camp grade --jobs 1", f"camp grade --jobs {args.jobs}"
+    runs = [] if args.skip_nbgrader else [("nbgrader autograde, serial", lambda ws: nbgrader_serial(tmp / "subs", ws))]
+    for r in range(args.rounds):   # 1, N, N, 1, 1, N, ...
+        pair = [(one, 1), (many, args.jobs)][:: 1 if r % 2 == 0 else -1]
+        runs += [(name, lambda ws, j=jobs: camp(tmp / "subs", ws, j)) for name, jobs in pair]
+    timings: dict[str, list[float]] = {}
+    scores = {}
+    for i, (name, fn) in enumerate(runs):
         start = time.perf_counter()
-        scores[name] = fn()
-        timings[name] = time.perf_counter() - start
-        print(f"{name:32s} {timings[name]:7.1f} s  ({timings[name] / args.students:.2f} s per submission)", flush=True)
-    one = timings["camp grade --jobs 1"]
-    many = timings[f"camp grade --jobs {args.jobs}"]
-    if "nbgrader autograde, serial" in timings:
-        print(f"\nspeed-up of camp --jobs {args.jobs} over serial nbgrader: {timings['nbgrader autograde, serial'] / many:.2f}x")
-    print(f"speed-up of camp --jobs {args.jobs} over camp --jobs 1: {one / many:.2f}x "
+        scores[(name, i)] = fn(tmp / f"ws{i}")
+        timings.setdefault(name, []).append(time.perf_counter() - start)
+        print(f"{name:32s} {timings[name][-1]:7.1f} s  ({timings[name][-1] / args.students:.2f} s per submission)",
+              flush=True)
+    mean = {name: sum(t) / len(t) for name, t in timings.items()}
+    print()
+    for name, t in mean.items():
+        print(f"{name:32s} mean {t:7.1f} s over {len(timings[name])} run(s)")
+    if "nbgrader autograde, serial" in mean:
+        print(f"\nspeed-up of camp --jobs {args.jobs} over serial nbgrader: {mean['nbgrader autograde, serial'] / mean[many]:.2f}x")
+    print(f"speed-up of camp --jobs {args.jobs} over camp --jobs 1: {mean[one] / mean[many]:.2f}x "
           f"(ideal {args.jobs}x on {os.cpu_count()} cores)")
     same = len({tuple(sorted(s.items())) for s in scores.values()}) == 1
-    print("scores identical across the three runs:", same)
+    print("scores identical across all runs:", same)
     if not same:
-        for name, s in scores.items():
-            print(name, s)
+        for key, s in scores.items():
+            print(key, s)
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -126,6 +126,14 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
     return result
 
 
+def warm_up(spec: LabSpec, forbid: list[str]) -> None:
+    """What grading a first submission of this lab does once per process (the canary plan, the
+    lab's setup cells and their imports), done ahead, before any student's code is involved."""
+    if forbid:
+        canary_plan(tuple(forbid))
+    _trusted_namespace(spec, 0)
+
+
 def new_seed() -> int:
     """A fresh seed for one grading run's hidden cases (camp grade --seed N reproduces a run)."""
     return secrets.randbelow(2**31)

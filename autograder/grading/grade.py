@@ -16,11 +16,9 @@ is "grader error" are the grader's failures, and make `camp grade` exit non-zero
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 import tempfile
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,6 +39,7 @@ from ..reports.formgrader import publish_for_formgrader
 from ..reports.gradebook import record
 from ..reports.grades_csv import GRADER_ERROR, GradeRow, write_grades_csv
 from ..text import html_text, inert
+from .pool import GradingPool
 from .results import SubmissionResult, TestOutcome, load_result, result_key, save_result
 from .uploads import Rejected, Submission, collect, copy_plain_files, remove_tree
 
@@ -104,10 +103,15 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
     out.mkdir(parents=True, exist_ok=True)
     os.chmod(out, 0o700)
     run = _Run(out, catalog.caps)
-    scratch_root = None
+    scratch_root = pool = None
     try:
         subs, rejected = collect(submissions_dir, out / "unpacked", catalog.caps)
         by_lab, unknown = _by_lab(subs, catalog, only_lab)
+        share = _share(options)
+        if any(by_lab.values()):   # workers warm up while the labs are registered and uploads copied
+            warm = [(str(catalog.get(lab_id).source_path(root)), list(catalog.get(lab_id).forbid))
+                    for lab_id, lab_subs in by_lab.items() if lab_subs]
+            pool = GradingPool(options.jobs, isolation, share["threads"], warm)
         for row in unknown:
             run.add(row)
         in_lab, whole = _sort_rejections(rejected, catalog, only_lab, run)
@@ -115,7 +119,6 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
         jobs = []
         attached: set[str] = set()   # students whose whole-upload rejection is in a lab's row
         scratch_root = Path(tempfile.mkdtemp(prefix="camp-sandboxes-"))   # 0700: the grader's only
-        share = _share(options)
         for lab_id, lab_subs in by_lab.items():
             lab = catalog.get(lab_id)
             spec = _install_source(lab, root, out)
@@ -148,19 +151,22 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
                 continue
             run.add(GradeRow(student, "", 0.0, 0.0, "error", reason))
         crowded = []
-        for job, result, starved in _run_jobs(jobs, options.jobs, isolation):  # published while others run
+        for job, result, starved in (pool.run(jobs) if jobs else ()):  # published while others run
             if starved and options.jobs > 1:
                 crowded.append(job)   # timed out while short of CPU: graded again alone before it counts
                 continue
             run.finish(catalog.get(job["lab"]), job, result)
-        for job, result, _ in _run_jobs(crowded, 1, isolation):
-            run.finish(catalog.get(job["lab"]), job, result)
+        for job in crowded:   # one at a time: the other workers stay idle
+            for job, result, _ in pool.run([job]):
+                run.finish(catalog.get(job["lab"]), job, result)
     except BaseException as exc:
         for (student, lab_id), max_score in sorted(run.pending.items()):
             run.add(GradeRow(student, lab_id, 0.0, max_score, GRADER_ERROR,
                              f"grading stopped before this submission finished: {type(exc).__name__}: {exc}"))
         raise
     finally:
+        if pool is not None:
+            pool.close()
         for cleanup in (scratch_root, out / "unpacked"):
             try:
                 if cleanup:
@@ -301,29 +307,6 @@ def _share(options: GradeOptions) -> dict:
         total_mb = options.limits.memory_mb * options.jobs
     return {"cpus": cores / options.jobs, "threads": max(1, cores // options.jobs),
             "memory_mb": int(min(options.limits.memory_mb, total_mb * 0.9 // options.jobs))}
-
-
-def _run_jobs(jobs: list[dict], n: int, isolation: str):
-    """Yield (job, result, starved) as submissions finish, `n` at a time; each worker leases its
-    own sandbox uid for its life (autograder.isolation.uids)."""
-    if not jobs:
-        return
-    from .worker import grade_job, init_worker
-
-    ctx = multiprocessing.get_context("spawn")  # workers start clean: no state from this process
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=init_worker, initargs=(isolation,)) as pool:
-        futures = {pool.submit(grade_job, job): job for job in jobs}
-        for future in as_completed(futures):
-            job = futures[future]
-            try:
-                outcome = future.result()
-                yield job, SubmissionResult.from_dict(outcome["result"]), outcome["starved"]
-            except Exception as exc:  # the worker itself died: report, don't save, retry next run
-                spec = LabSpec.from_notebook(Path(job["source"]))
-                yield job, SubmissionResult(job["student"], job["lab"], "error", max_score=spec.max_score,
-                                            message=f"grader worker failed ({type(exc).__name__}); run again to retry",
-                                            retry=True,
-                                            tests=[TestOutcome(t.grade_id, t.points, 0.0, "not graded") for t in spec.tests]), False
 
 
 def _install_source(lab: Lab, root: Path, out: Path) -> LabSpec:

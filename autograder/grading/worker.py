@@ -6,10 +6,12 @@ import os
 import secrets
 from pathlib import Path
 
+import torch
+
 from ..course.labspec import LabSpec
 from ..isolation.sandbox import BASE_UID, Limits, Sandbox
 from ..isolation.uids import UidLease
-from .engine import grade_submission
+from .engine import grade_submission, warm_up
 from .results import SubmissionResult, TestOutcome
 from .uploads import copy_plain_files, remove_tree
 
@@ -17,16 +19,28 @@ _lease: UidLease | None = None
 _lease_error: Exception | None = None
 
 
-def init_worker(isolation: str) -> None:
-    """Lease this worker's sandbox uid for its whole life: no other worker, and no other
-    `camp grade` on this machine, gets it while this process lives."""
+def init_worker(isolation: str, threads: int = 1, warm: list[tuple[str, list[str]]] = ()) -> None:
+    """Lease this worker's sandbox uid for its whole life (no other worker, and no other
+    `camp grade` on this machine, gets it while this process lives), use this worker's share of
+    the cores, and do the first-use work of each lab to grade now (autograder.grading.pool)."""
     global _lease, _lease_error
     os.environ.setdefault("MPLBACKEND", "Agg")
+    torch.set_num_threads(max(1, int(threads)))
     if isolation != "none":
         try:
             _lease = UidLease()
         except Exception as exc:  # reported on each job of this worker, not as a broken pool
             _lease_error = exc
+    for source, forbid in warm:
+        try:
+            warm_up(LabSpec.from_notebook(Path(source)), forbid)
+        except Exception:  # only a head start: grading the lab does the same work and reports
+            pass
+
+
+def ready() -> int:
+    """A task that returns once this worker is started and warm."""
+    return os.getpid()
 
 
 def grade_job(job: dict) -> dict:

@@ -329,7 +329,7 @@ def test_a_checkout_in_a_private_folder_grades(tmp_path):
 
 def test_a_timeout_short_of_cpu_is_graded_again_alone(tmp_path, monkeypatch):
     """`--jobs 2`: a submission whose timeout came while its sandbox got little CPU (the flag
-    `Sandbox.starved`) is not published; it is graded again in a pool of one, and that result
+    `Sandbox.starved`) is not published; it is graded again alone (one job in the pool, the other workers idle), and that result
     counts. The pool is faked: this checks the scheduling, the sandbox's flag is tested in
     tests/autograder/isolation/test_confinement.py."""
     import autograder.grading.grade as grade_module
@@ -338,21 +338,30 @@ def test_a_timeout_short_of_cpu_is_graded_again_alone(tmp_path, monkeypatch):
 
     calls = []
 
-    def fake_pool(jobs, n, isolation):
-        calls.append((sorted(j["student"] for j in jobs), n))
-        for job in jobs:
-            spec = LabSpec.from_notebook(Path(job["source"]))
-            alone = n == 1
-            tests = [TestOutcome(t.grade_id, t.points, t.points if alone else 0.0, "" if alone else "timed out")
-                     for t in spec.tests]
-            result = SubmissionResult(job["student"], job["lab"], "graded", sum(t.score for t in tests),
-                                      spec.max_score, tests)
-            yield job, result, not alone and job["student"] == "crowded"
+    class CrowdedPool:
+        """The first batch runs two at a time (crowded is starved); later batches run alone."""
 
-    monkeypatch.setattr(grade_module, "_run_jobs", fake_pool)
+        def __init__(self, n, isolation, threads, warm):
+            assert n == 2
+
+        def run(self, jobs):
+            calls.append(sorted(j["student"] for j in jobs))
+            alone = len(calls) > 1
+            for job in jobs:
+                spec = LabSpec.from_notebook(Path(job["source"]))
+                tests = [TestOutcome(t.grade_id, t.points, t.points if alone else 0.0, "" if alone else "timed out")
+                         for t in spec.tests]
+                result = SubmissionResult(job["student"], job["lab"], "graded", sum(t.score for t in tests),
+                                          spec.max_score, tests)
+                yield job, result, not alone and job["student"] == "crowded"
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(grade_module, "GradingPool", CrowdedPool)
     subs = tmp_path / "subs"
     for student in ("ada", "crowded"):
         write_submission(subs, student, LAB, student_notebook(LAB))
     rows = grade(subs, Catalog.load(), ROOT, tmp_path / "ws", None, GradeOptions(jobs=2))
-    assert calls == [(["ada", "crowded"], 2), (["crowded"], 1)]
+    assert calls == [["ada", "crowded"], ["crowded"]]
     assert {r.student: r.score for r in rows} == {"ada": 0.0, "crowded": 12.0}

@@ -195,6 +195,16 @@ def _small_class(tmp_path):
     return subs
 
 
+class FakePool:
+    """Stands in for autograder.grading.pool.GradingPool: no workers, results made up by `run`."""
+
+    def __init__(self, n, isolation, threads, warm):
+        pass
+
+    def close(self):
+        pass
+
+
 def _sheet(out):
     with open(out / "grades.csv", newline="", encoding="utf-8") as f:
         return {r["student"]: r for r in csv.DictReader(f)}
@@ -202,11 +212,12 @@ def _sheet(out):
 
 @pytest.mark.slow
 def test_a_crash_midway_still_writes_the_grade_sheet_and_exits_non_zero(tmp_path, monkeypatch, capsys):
-    def broken_pool(jobs, n, isolation):
-        raise RuntimeError("the worker pool broke")
-        yield
+    class BrokenPool(FakePool):
+        def run(self, jobs):
+            raise RuntimeError("the worker pool broke")
+            yield
 
-    monkeypatch.setattr(grade_module, "_run_jobs", broken_pool)
+    monkeypatch.setattr(grade_module, "GradingPool", BrokenPool)
     out = tmp_path / "ws"
     assert main(["grade", str(_small_class(tmp_path)), "--out", str(out), "--isolation", "none"]) == 1
     sheet = _sheet(out)
@@ -219,14 +230,16 @@ def test_a_crash_midway_still_writes_the_grade_sheet_and_exits_non_zero(tmp_path
 
 @pytest.mark.slow
 def test_grader_errors_exit_non_zero_and_are_named_while_the_rest_is_graded(tmp_path, monkeypatch, capsys):
-    def fake_pool(jobs, n, isolation):
-        for job in jobs:
-            tests = [grading_results.TestOutcome("test_softmax", 12.0, 12.0 if job["student"] == "bea" else 0.0)]
-            status, retry = ("graded", False) if job["student"] == "bea" else ("error", True)
-            yield job, grading_results.SubmissionResult(job["student"], job["lab"], status, score=tests[0].score, max_score=12.0,
-                                        tests=tests, retry=retry, message="" if not retry else "grader error: boom"), False
+    class BeaOnlyPool(FakePool):
+        def run(self, jobs):
+            for job in jobs:
+                tests = [grading_results.TestOutcome("test_softmax", 12.0, 12.0 if job["student"] == "bea" else 0.0)]
+                status, retry = ("graded", False) if job["student"] == "bea" else ("error", True)
+                yield job, grading_results.SubmissionResult(job["student"], job["lab"], status, score=tests[0].score,
+                                                            max_score=12.0, tests=tests, retry=retry,
+                                                            message="" if not retry else "grader error: boom"), False
 
-    monkeypatch.setattr(grade_module, "_run_jobs", fake_pool)
+    monkeypatch.setattr(grade_module, "GradingPool", BeaOnlyPool)
     out = tmp_path / "ws"
     assert main(["grade", str(_small_class(tmp_path)), "--out", str(out), "--isolation", "none"]) == 1
     sheet = _sheet(out)

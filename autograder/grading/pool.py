@@ -1,0 +1,95 @@
+"""The grading workers: `jobs` processes, started before the class is unpacked and the labs are
+registered, so that their start-up overlaps with that work instead of delaying the first result.
+
+A worker's start-up is most of a small class's grading time: importing torch, the test engine,
+torch's compiler stack (the forbidden-API canary plan, autograder.grading.observe, touches it)
+and what the labs' setup cells import (matplotlib, ipywidgets, transformers) costs 5-10 s, where
+one b01 submission then takes about 3 s. So workers come from a fork server that has imported
+all of that once: `--jobs 2` pays it once, not twice, and a worker exits without the
+interpreter's teardown (os._exit, as every fork-server child). The fork server runs no torch
+operation (forking after one could inherit OpenMP's threads) and holds no student data; each
+worker then does its first-use work (canary plan, setup cells) for the labs it grades.
+"""
+from __future__ import annotations
+
+import ast
+import multiprocessing
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from ..course.labspec import LabSpec
+from .results import SubmissionResult, TestOutcome
+
+
+ENGINE_MODULES = ["autograder.grading.worker", "torch._dynamo", "IPython.core.interactiveshell"]
+
+
+def preload_modules(sources: list[str]) -> list[str]:
+    """The grading engine's modules and every module the labs' setup cells import (read from the
+    course's own notebooks, never a submission's)."""
+    names = list(ENGINE_MODULES)
+    for source in sources:
+        try:
+            setup = LabSpec.from_notebook(Path(source)).setup
+        except Exception:
+            continue
+        for cell in setup:
+            try:
+                tree = ast.parse(cell)
+            except SyntaxError:
+                continue
+            for node in tree.body:
+                if isinstance(node, ast.Import):
+                    names += [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    names.append(node.module)
+    return list(dict.fromkeys(names))
+
+
+class GradingPool:
+    """`n` warm workers; `warm` lists (source notebook, forbidden APIs) of the labs to grade."""
+
+    def __init__(self, n: int, isolation: str, threads: int, warm: list[tuple[str, list[str]]]):
+        from .worker import init_worker, ready
+
+        os.environ.setdefault("MPLBACKEND", "Agg")   # the fork server imports pyplot: never a display
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(preload_modules([source for source, _ in warm]))  # before it first starts
+        self._pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=init_worker,
+                                         initargs=(isolation, threads, warm))
+        # One task each makes the executor start every worker now. Starting the fork server
+        # blocks until it has imported everything, so it happens in a thread, beside the caller.
+        self._starting = threading.Thread(target=lambda: [self._pool.submit(ready) for _ in range(n)],
+                                          name="camp-grading-pool-start", daemon=True)
+        self._starting.start()
+
+    def run(self, jobs: list[dict]):
+        """Yield (job, result, starved) as submissions finish; each worker leases its own sandbox
+        uid for its life (autograder.isolation.uids)."""
+        from .worker import grade_job
+
+        self._starting.join()
+        futures = {self._pool.submit(grade_job, job): job for job in jobs}
+        for future in as_completed(futures):
+            job = futures[future]
+            try:
+                outcome = future.result()
+                yield job, SubmissionResult.from_dict(outcome["result"]), outcome["starved"]
+            except Exception as exc:  # the worker itself died: report, don't save, retry next run
+                spec = LabSpec.from_notebook(Path(job["source"]))
+                tests = [TestOutcome(t.grade_id, t.points, 0.0, "not graded") for t in spec.tests]
+                yield job, SubmissionResult(job["student"], job["lab"], "error", max_score=spec.max_score,
+                                            message=f"grader worker failed ({type(exc).__name__}); run again to retry",
+                                            retry=True, tests=tests), False
+
+    def close(self) -> None:
+        self._starting.join()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "GradingPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
