@@ -36,6 +36,7 @@ class SubmissionResult:
     seconds: float = 0.0
     retry: bool = False   # a grader-side failure: not saved, so the next run grades it again
     seed: int | None = None   # the hidden cases' seed of the run that graded it (camp grade --seed)
+    sandbox_uid: int | None = None   # the uid the student's code ran as (for the instructor's forensics)
 
     def to_dict(self) -> dict:
         return asdict(self)

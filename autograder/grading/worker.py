@@ -63,6 +63,7 @@ def grade_job(job: dict) -> dict:
         result = grade_submission(spec, staging / spec.notebook, job["student"], job["lab"], sandbox, job["forbid"],
                                   seed=job.get("seed"))
         starved = sandbox.starved
+        result.sandbox_uid = sandbox.uid if job["isolation"] != "none" else None
     except Exception as exc:  # a grader bug must not take the class down: report it for this submission
         result = SubmissionResult(job["student"], job["lab"], "error", max_score=spec.max_score,
                                   message=f"grader error: {type(exc).__name__}: {exc}", retry=True,

@@ -244,10 +244,13 @@ def test_stderr_output_does_not_zero_a_passing_test(graded):
 def test_no_process_outlives_grading_and_the_network_is_closed(graded):
     _, rows, details, listener = graded
     ps = subprocess.run(["ps", "-eo", "uid=,args="], capture_output=True, text=True).stdout
-    # ours: the attackers' marked sleeps, and any sandbox uid running this checkout's Python
-    # (another grader on the same machine may legitimately be running its own sandboxes)
+    # ours: the attackers' marked sleeps, and this run's sandbox uids running this checkout's
+    # Python (another grader on the machine, e.g. the other attack suites under pytest-xdist,
+    # may legitimately be running sandboxes of its own, under other uids)
+    uids = {d["sandbox_uid"] for d in details.values() if d.get("sandbox_uid") is not None}
+    assert uids and all(uid >= BASE_UID for uid in uids), uids
     leftovers = [l for l in ps.splitlines()
-                 if MARKER in l or (int(l.split()[0]) >= BASE_UID and sys.executable in l)]
+                 if MARKER in l or (int(l.split()[0]) in uids and sys.executable in l)]
     assert leftovers == []
     assert rows["leftover_processes"].score == 12
     assert listener.connections == 0 and rows["network"].score == 10
