@@ -26,6 +26,7 @@ import nbformat
 from .. import checks
 from ..course.labspec import LabSpec
 from ..isolation.sandbox import Sandbox, StudentCrashed
+from .forbid import unparsable_cell
 from .observe import canary_plan
 from .program import build_program
 from .remote import RemoteObject, Session, StudentError
@@ -107,7 +108,7 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
         student_proc.session = Session(sandbox, student_proc.deadline)
         started = True
         for label, source, _ in program.cells:
-            error = student_proc.run_cell(source)
+            error = unparsable_cell(source) or student_proc.run_cell(source)
             if error:
                 result.cell_errors.append(f"{label}: {error}"[:MAX_MESSAGE])
         trusted = _trusted_namespace(spec, seed)

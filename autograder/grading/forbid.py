@@ -12,7 +12,8 @@ A forbidden entry is caught under any name that reaches it:
 - a Tensor method spelled like it (`x.softmax(-1)`), unless the student defines that attribute
   themselves (their own `self.softmax` is theirs; the runtime observer still watches the call).
 Besides forbidden names, the scan reports what would let code escape it (`findings`): source
-it cannot parse after IPython's own transforms, magics and shell escapes that run code it
+it cannot parse after IPython's own transforms (a notebook cell like that is simply not run,
+`unparsable_cell`; an importable .py file costs every test), magics and shell escapes that run code it
 cannot see, exec/eval of computed strings, lookups by computed names on library modules,
 reloading or replacing library modules, reaching past wrappers (`__wrapped__`, `__closure__`,
 gc), and touching the machinery that observes calls.
@@ -399,6 +400,19 @@ def _ipython_transform(source: str) -> str:
     """The Python IPython runs for a cell (magics become get_ipython() calls)."""
     from IPython.core.inputtransformer2 import TransformerManager
     return TransformerManager().transform_cell(source)
+
+
+def unparsable_cell(source: str) -> str | None:
+    """Why a notebook cell cannot be parsed after IPython's own transforms (None when it can).
+    Such a cell is never run by the grader (autograder.grading.engine): IPython might still
+    run some of it (automagic), and the scan cannot check what it cannot parse."""
+    try:
+        ast.parse(_ipython_transform(source))
+    except SyntaxError as exc:
+        return f"cannot be parsed (SyntaxError: {exc.msg}, line {exc.lineno}): the grader did not run it"
+    except ValueError as exc:  # null bytes and the like
+        return f"cannot be parsed ({exc}): the grader did not run it"
+    return None
 
 
 def own_attributes(sources: list[str]) -> set[str]:

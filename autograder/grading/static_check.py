@@ -15,7 +15,7 @@ import ast
 from pathlib import Path
 
 from ..course.labspec import LabSpec
-from .forbid import _is_module, _ipython_transform, own_attributes, scan
+from .forbid import _is_module, _ipython_transform, own_attributes, scan, unparsable_cell
 
 # Files Python can import or load that the scan cannot read.
 UNSCANNABLE = {".pyc", ".pyo", ".so", ".pyd", ".dll", ".dylib", ".pth", ".egg", ".whl"}
@@ -65,7 +65,8 @@ def banned_tests(spec: LabSpec, cells, forbid: list[str], folder: Path | None = 
     local = {p.relative_to(folder).parts[0].removesuffix(".py") for p in py_files}
     local = {m for m in local if not _is_module(m)}    # a file named like a library never shadows it
     course = course_sources(spec)
-    student_cells = [(label, source, gid, True) for label, source, gid in cells if source not in course]
+    student_cells = [(label, source, gid, True) for label, source, gid in cells
+                     if source not in course and not unparsable_cell(source)]   # never run (engine)
     own = own_attributes([s for _, s, _, _ in student_cells + sources])
     aliases: dict[str, str] = {}
     for source in [spec.parameters, *spec.setup]:      # imports the course's own cells make

@@ -139,7 +139,7 @@ EXPECTED_FAILED = {   # student -> tests that must fail (every other test passes
     "aten_op": ["test_mha", "test_sdpa", "test_softmax"],
     "laundered_method": ["test_mha"],
     "dynamic_name": ALL, "reload": ALL, "sys_modules": ALL, "gc_original": ALL, "unwrap": ALL,
-    "shell_escape": ALL, "observer_off": ALL, "run_magic": ALL, "automagic": ALL, "py_file": ALL, "deep_py_file": ALL,
+    "shell_escape": ALL, "observer_off": ALL, "run_magic": ALL, "automagic": [], "py_file": ALL, "deep_py_file": ALL,
     "compiled_module": ALL,
     "lying_length": ["test_masks"], "deep_json": ["test_masks"],
     "hidden_only_bug": ["test_mha", "test_sdpa", "test_softmax"],
@@ -178,6 +178,8 @@ def graded(tmp_path_factory):
     lab_dir = lambda s: subs / s / Catalog.load().get(LAB).name   # noqa: E731
     (lab_dir("honest_names") / "mathutil.py").write_text(HONEST_PY)
     (lab_dir("py_file") / "helpers.py").write_text(HELPER_PY)
+    # what `run helpers.py` would run: a softmax that is wrong (and allowed), so running it shows
+    (lab_dir("automagic") / "helpers.py").write_text("def softmax(x, dim=-1):\n    return x * 0\n")
     (lab_dir("deep_py_file") / "pkg" / "sub").mkdir(parents=True)
     (lab_dir("deep_py_file") / "pkg" / "sub" / "impl.py").write_text(HELPER_PY)
     (lab_dir("compiled_module") / "fastmath.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
@@ -212,7 +214,6 @@ def test_each_attack_costs_exactly_its_tests(graded, student):
     ("shell_escape", "shell command"),
     ("observer_off", "autograder.grading.observe.called_by_student"),
     ("run_magic", "%run"),
-    ("automagic", "cannot be parsed"),
     ("py_file", "helpers.py uses torch.nn.functional.scaled_dot_product_attention"),
     ("deep_py_file", "pkg/sub/impl.py uses"),
     ("compiled_module", "cannot read it"),
@@ -235,3 +236,12 @@ def test_hidden_cases_use_the_runs_seed_and_say_so(graded):
     assert {d["seed"] for d in details.values()} == {SEED}
     message = _message(details, "hidden_only_bug", "test_softmax")
     assert f"seed {SEED}" in message and "hidden case" in message and "first at index" in message
+
+
+def test_a_cell_that_cannot_be_parsed_is_not_run(graded):
+    """`run helpers.py`: IPython's automagic could run helpers.py (which replaces softmax with a
+    wrong one); the grader does not run a cell it cannot parse, says so, and grades the rest."""
+    rows, details = graded
+    assert rows["automagic"].score == 12
+    assert any("cannot be parsed" in e and "did not run it" in e for e in details["automagic"]["cell_errors"]), \
+        details["automagic"]["cell_errors"]

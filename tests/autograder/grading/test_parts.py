@@ -266,6 +266,18 @@ def test_every_python_file_is_scanned_and_unreadable_modules_are_findings(tmp_pa
     assert "broken.py cannot be parsed" in banned_tests(spec, cells, FORBID, tmp_path)["test_masks"]
 
 
+@pytest.mark.parametrize("source", ["run helpers.py\n", "def softmax(x, dim=-1):\n    return x.softmax(dim\n"])
+def test_a_cell_that_cannot_be_parsed_is_not_run_and_costs_no_other_exercise(tmp_path, source):
+    """An honest student's unfinished exercise (a syntax error) or an automagic line IPython might
+    run: the cell is skipped, never scanned into a ban on every test."""
+    from autograder.course.reference import student_notebook
+    from autograder.grading.forbid import unparsable_cell
+    spec, cells = _cells(student_notebook("b01", {"masks": source}))
+    assert banned_tests(spec, cells, FORBID, tmp_path) == {}
+    assert unparsable_cell(source).startswith("cannot be parsed") and "did not run it" in unparsable_cell(source)
+    assert unparsable_cell("%time x = 1\n!ls\n") is None
+
+
 @pytest.fixture
 def observer():
     """An Observer armed in this process, disarmed afterwards."""
