@@ -121,9 +121,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.T
             raise ValueError("attention backend 'flash' has no dropout: use backend='math' or 'sdpa' with dropout")
         kpm = None if attn_mask is None else _key_padding_mask(attn_mask, B, S)
         return flash_attention(q, k, v, is_causal=is_causal, key_padding_mask=kpm)
+    if Hkv != H:  # query head h reads kv head h // (H // Hkv) (sdpa's enable_gqa needs torch >= 2.5)
+        k = k.repeat_interleave(H // Hkv, dim=1)
+        v = v.repeat_interleave(H // Hkv, dim=1)
     if backend == "sdpa" and attn_mask is None and (not is_causal or T == S):
         # no mask to build: torch's own flags pick its fastest kernel (top-left causal == bottom-right when T == S)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, dropout_p=dropout_p, enable_gqa=Hkv != H)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, dropout_p=dropout_p)
     if is_causal:
         causal = causal_mask(T, S, device=q.device)
         if attn_mask is None:
@@ -133,10 +136,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.T
         else:
             attn_mask = torch.where(causal, attn_mask, float("-inf"))
     if backend == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p, enable_gqa=Hkv != H)
-    if Hkv != H:
-        k = k.repeat_interleave(H // Hkv, dim=1)
-        v = v.repeat_interleave(H // Hkv, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p)
     return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p)
 
 
