@@ -10,8 +10,9 @@ from camplib.kernels.flash import flash_attention
 from camplib.memory import saved_activation_bytes
 from tests.support import assert_close
 
-# (atol, rtol) per dtype. Measured worst cases: fp32 ~1e-6, fp64 ~4e-15 (gradients included).
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float64: dict(atol=1e-12, rtol=1e-10)}
+# (atol, rtol) per dtype. Measured worst cases over the 12 random cases (this CPU, gradients included):
+# fp32 7e-6 (scores up to ~30, sums over 70 keys), fp64 1.3e-14; fp32 gets atol 2e-5 for other CPUs' summation orders.
+TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.float64: dict(atol=1e-12, rtol=1e-10)}
 
 
 def random_case(seed: int, dtype: torch.dtype):
