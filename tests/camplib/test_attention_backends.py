@@ -7,7 +7,7 @@ from camplib.attention import BACKENDS, MultiHeadAttention, attend
 from camplib.model import GPT, GPTConfig
 from tests.support import assert_close
 
-# (atol, rtol) per dtype. Measured worst cases: fp32 ~1e-6, fp64 ~1e-15.
+# (atol, rtol) per dtype. Measured worst cases (this CPU, gradients included): fp32 1.4e-6, fp64 4.4e-15.
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float64: dict(atol=1e-12, rtol=1e-10)}
 OTHERS = [b for b in BACKENDS if b != "math"]
 
