@@ -11,8 +11,9 @@ from tests.support import assert_close
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="Triton is a dependency on Linux only")
 
-# fp32 in the interpreter (numpy matmuls): measured worst case ~2e-6, gradients included.
-TOL = dict(atol=1e-5, rtol=1e-5)
+# fp32 in the interpreter (numpy matmuls): measured worst case 1.0e-5 over these cases, on gradients
+# of magnitude ~100 (relative ~1e-7); atol 2e-5 plus rtol 1e-5, as for the PyTorch version.
+TOL = dict(atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.parity
