@@ -4,6 +4,10 @@ multi-head / grouped-query attention.
 This is the course's reference code (lab b01); the model in `camplib.model` runs on it rather than
 on `torch.nn.functional.scaled_dot_product_attention`, so what students build is what runs.
 Tensors follow torch's layout: (batch, heads, time, features).
+
+`attend` picks one of three backends that compute the same function: "math" (this file, the
+default), "flash" (camplib.kernels.flash, lab a09: tiled, O(N) memory, key-padding masks only)
+and "sdpa" (torch's fused kernel, the fast one). `GPTConfig.attention` selects it for a model.
 """
 from __future__ import annotations
 
@@ -15,7 +19,10 @@ from torch import nn
 
 from camplib.rope import RotaryEmbedding
 
-__all__ = ["softmax", "scaled_dot_product_attention", "causal_mask", "KVCache", "MultiHeadAttention"]
+__all__ = ["softmax", "scaled_dot_product_attention", "causal_mask", "KVCache", "MultiHeadAttention", "attend",
+           "BACKENDS"]
+
+BACKENDS = ("math", "flash", "sdpa")
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -84,6 +91,55 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return weights @ v
 
 
+def _key_padding_mask(attn_mask: torch.Tensor, B: int, S: int) -> torch.Tensor:
+    """The (B, S) key mask behind a bool attn_mask of shape (B or 1, 1, 1, S), the only mask the
+    flash kernel takes; any other mask is an error rather than a silently different result."""
+    if attn_mask.dtype != torch.bool or attn_mask.dim() != 4 or attn_mask.shape[1:3] != (1, 1) \
+            or attn_mask.size(0) not in (1, B) or attn_mask.size(3) != S:
+        raise ValueError(f"attention backend 'flash' takes only a bool key padding mask of shape (B, 1, 1, S) = "
+                         f"{(B, 1, 1, S)}, got {attn_mask.dtype} {tuple(attn_mask.shape)}: use backend='math'")
+    return attn_mask.expand(B, 1, 1, S).reshape(B, S)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None, *,
+           is_causal: bool = True, backend: str = "math", dropout_p: float = 0.0) -> torch.Tensor:
+    """Attention of q (B, H, T, D) over k, v (B, Hkv, S, D), H % Hkv == 0 (query head h reads kv
+    head h // (H // Hkv)), with the chosen backend; all three give the same numbers (tested).
+
+    is_causal is bottom-right aligned (causal_mask: the T queries are the last T of S positions,
+    as with a KV cache). attn_mask (bool True = may attend, or additive float) broadcasts to
+    (B, H, T, S) and is combined with the causal mask. "flash" takes only a bool key padding mask
+    (B, 1, 1, S) and no dropout, and raises ValueError for anything else.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend {backend!r}, expected one of {BACKENDS}")
+    B, H, T, _ = q.shape
+    Hkv, S = k.size(1), k.size(2)
+    if backend == "flash":
+        from camplib.kernels.flash import flash_attention  # lab a09's kernel, loaded only when chosen
+        if dropout_p > 0.0:
+            raise ValueError("attention backend 'flash' has no dropout: use backend='math' or 'sdpa' with dropout")
+        kpm = None if attn_mask is None else _key_padding_mask(attn_mask, B, S)
+        return flash_attention(q, k, v, is_causal=is_causal, key_padding_mask=kpm)
+    if Hkv != H:  # query head h reads kv head h // (H // Hkv) (sdpa's enable_gqa needs torch >= 2.5)
+        k = k.repeat_interleave(H // Hkv, dim=1)
+        v = v.repeat_interleave(H // Hkv, dim=1)
+    if backend == "sdpa" and attn_mask is None and (not is_causal or T == S):
+        # no mask to build: torch's own flags pick its fastest kernel (top-left causal == bottom-right when T == S)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, dropout_p=dropout_p)
+    if is_causal:
+        causal = causal_mask(T, S, device=q.device)
+        if attn_mask is None:
+            attn_mask = causal
+        elif attn_mask.dtype == torch.bool:
+            attn_mask = attn_mask & causal
+        else:
+            attn_mask = torch.where(causal, attn_mask, float("-inf"))
+    if backend == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p)
+    return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p)
+
+
 class KVCache:
     """Keys and values of one attention layer for the tokens seen so far, shape
     (B, n_kv_heads, T, head_dim), so that decoding a new token costs one query, not a full pass.
@@ -120,11 +176,14 @@ class MultiHeadAttention(nn.Module):
     n_kv_heads value heads (one matmul instead of three). With n_kv_heads < n_heads, each group
     of n_heads // n_kv_heads query heads shares one key/value head: the KV cache shrinks by that
     factor at little quality cost (GQA, Ainslie et al. 2023; n_kv_heads=1 is multi-query).
+    `backend` is the attention kernel (see `attend`): "math" (default), "flash" or "sdpa".
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True,
-                 rope: RotaryEmbedding | None = None, dropout: float = 0.0):
+                 rope: RotaryEmbedding | None = None, dropout: float = 0.0, backend: str = "math"):
         super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"attention backend {backend!r}, expected one of {BACKENDS}")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not a multiple of n_heads={n_heads}")
@@ -135,6 +194,7 @@ class MultiHeadAttention(nn.Module):
         self.proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
         self.rope = rope
         self.dropout = dropout
+        self.backend = backend
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = True,
@@ -158,18 +218,7 @@ class MultiHeadAttention(nn.Module):
             q, k = self.rope(q, offset, positions), self.rope(k, offset, positions)
         if cache is not None:
             k, v = cache.update(k, v)
-        if Hkv != H:  # query head h reads kv head h // (H // Hkv)
-            k = k.repeat_interleave(H // Hkv, dim=1)
-            v = v.repeat_interleave(H // Hkv, dim=1)
-        if is_causal:
-            causal = causal_mask(T, k.size(2), device=x.device)
-            if attn_mask is None:
-                attn_mask = causal
-            elif attn_mask.dtype == torch.bool:
-                attn_mask = attn_mask & causal
-            else:
-                attn_mask = torch.where(causal, attn_mask, float("-inf"))
-        y = scaled_dot_product_attention(q, k, v, attn_mask,
-                                         dropout_p=self.dropout if self.training else 0.0)
+        y = attend(q, k, v, attn_mask, is_causal=is_causal, backend=self.backend,
+                   dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B, T, H * D)
         return self.resid_dropout(self.proj(y))

@@ -90,11 +90,19 @@ def optimizer_state_bytes(optimizer) -> int:
     return storage_bytes(_state_tensors(list(inner.state.values())))
 
 
-def saved_activation_bytes(fn: Callable[..., Any], *args, exclude: Iterable[torch.Tensor] = (), **kwargs):
+def saved_activation_bytes(fn: Callable[..., Any], *args, exclude: Iterable[torch.Tensor] = (),
+                           grad_inputs: bool = False, **kwargs):
     """(bytes, output): run fn(*args, **kwargs) and count the distinct storages autograd saves for
     backward, leaving out those that existed before (the tensors in `exclude`, typically the
     parameters, and the arguments). Keep `output` alive while you look at memory: dropping it
-    frees the graph and the activations with it."""
+    frees the graph and the activations with it.
+
+    grad_inputs=True runs fn on leaf copies of the floating-point arguments that require grad:
+    a function without parameters (an attention kernel) records no graph, and saves nothing,
+    unless its inputs need gradients."""
+    if grad_inputs:
+        args = tuple(a.detach().clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                     else a for a in args)
     existing = {storage_key(t) for t in list(exclude) + [a for a in args if isinstance(a, torch.Tensor)]}
     saved: dict[tuple[str, int], int] = {}
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from camplib.attention import KVCache, MultiHeadAttention
+from camplib.attention import BACKENDS, KVCache, MultiHeadAttention
 from camplib.losses import cross_entropy
 from camplib.rope import RotaryEmbedding
 
@@ -43,11 +43,12 @@ class GPTConfig:
     bias: bool = True                # biases in every Linear and LayerNorm
     norm_eps: float = 1e-5
     dropout: float = 0.0
+    attention: str = "math"          # "math" | "flash" | "sdpa": camplib.attention.attend
 
     def __post_init__(self):
         for field, allowed in [("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu")),
                                ("gelu_approximate", ("tanh", "none")), ("pos", ("learned", "rope")),
-                               ("rope_pairing", ("half", "interleaved"))]:
+                               ("rope_pairing", ("half", "interleaved")), ("attention", BACKENDS)]:
             if getattr(self, field) not in allowed:
                 raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r}, expected one of {allowed}")
         if self.d_model % self.n_head or self.n_head % self.kv_heads:
@@ -145,7 +146,7 @@ class Block(nn.Module):
         super().__init__()
         self.ln1 = make_norm(cfg)
         self.attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.kv_heads, bias=cfg.bias,
-                                       rope=rope, dropout=cfg.dropout)
+                                       rope=rope, dropout=cfg.dropout, backend=cfg.attention)
         self.ln2 = make_norm(cfg)
         self.mlp = SwiGLU(cfg) if cfg.mlp == "swiglu" else MLP(cfg)
 

@@ -124,6 +124,18 @@ def test_activation_bytes_of_an_mlp_match_the_formula():
         assert saved_activation_bytes(mlp, x, exclude=mlp.parameters())[0] == 0
 
 
+def test_grad_inputs_records_a_function_without_parameters():
+    """exp(x * y) records a graph only when its inputs need gradients; with grad_inputs=True they
+    do (as copies, which count as inputs, not activations): mul saves x and y (inputs, not
+    counted), exp saves its result, 5*3 fp32."""
+    x, y = torch.randn(5, 3, device=DEVICE), torch.randn(5, 3, device=DEVICE)
+    fn = lambda a, b: torch.exp(a * b)
+    assert saved_activation_bytes(fn, x, y)[0] == 0
+    saved, out = saved_activation_bytes(fn, x, y, grad_inputs=True)
+    assert out.requires_grad and not x.requires_grad
+    assert saved == 5 * 3 * 4, saved
+
+
 def train_step(model, opt, cfg):
     x, y = batch(cfg)
     opt.zero_grad()

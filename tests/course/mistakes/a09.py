@@ -1,0 +1,31 @@
+"""Typical mistakes in lab a09: each must lose exactly its exercise's points, with a message
+that helps (graded by tests/course/test_labs.py)."""
+from autograder.course.reference import solution_cells
+from tests.course.mistakes import Mistake
+
+
+def _edit(grade_id: str, old: str, new: str):
+    """The reference solution of `grade_id` with one line changed (fails loudly if the line moved)."""
+    def source() -> str:
+        code = solution_cells("a09")[grade_id]
+        assert old in code, f"a09 mistake: {old!r} is no longer in the reference {grade_id}"
+        return code.replace(old, new)
+    return source
+
+
+# the max grew but the running sum keeps the terms summed under the old max (acc is rescaled)
+NO_RESCALE_OF_THE_SUM = _edit("online_softmax", "alpha * l + p.sum(dim=-1)", "l + p.sum(dim=-1)")
+
+# the causal mask built from tile-local row numbers: right in the first query tile only
+CAUSAL_MASK_WITHOUT_TILE_OFFSET = _edit("online_softmax",
+                                        "rows = torch.arange(q_start, q_start + bq, device=q_tile.device)[:, None]",
+                                        "rows = torch.arange(0, bq, device=q_tile.device)[:, None]")
+
+# the softmax backward without D = rowsum(dO * O): dS = P * dP
+BACKWARD_WITHOUT_D = _edit("flash_backward", "ds = p * (dp - D[..., r0:r1, None])", "ds = p * dp")
+
+MISTAKES = [
+    Mistake("online_softmax", NO_RESCALE_OF_THE_SUM, 4, "rescale the running sum"),
+    Mistake("online_softmax", CAUSAL_MASK_WITHOUT_TILE_OFFSET, 4, "absolute position q_start + r"),
+    Mistake("flash_backward", BACKWARD_WITHOUT_D, 4, "D = rowsum(dO * O)"),
+]
