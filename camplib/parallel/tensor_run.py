@@ -22,7 +22,7 @@ from camplib.parallel.tensor_model import TensorParallelGPT
 from camplib.rope import RotaryEmbedding
 
 __all__ = ["BLOCK_PLAN", "block_layout", "conjugate_ops_on_ranks", "dense_block", "parallel_block_on_ranks",
-           "parallelize_block", "run_split_gpt", "split_gpt_rank", "vocab_loss_on_ranks"]
+           "parallelize_block", "run_split_gpt", "split_gpt_rank", "torch_parallelize_block", "vocab_loss_on_ranks"]
 
 
 def split_gpt_rank(rank: int, t: int, cases: list[dict], idx: torch.Tensor, targets: torch.Tensor) -> dict:
@@ -220,3 +220,25 @@ def vocab_loss_on_ranks(loss_fn, t: int, logits: torch.Tensor, targets: torch.Te
     grads = out.pop("logits_grad")
     out["logits_grad"] = None if any(g is None for g in grads) else torch.cat(grads, dim=-1)
     return out
+
+
+def torch_parallelize_block(block: nn.Module, mesh) -> nn.Module:
+    """BLOCK_PLAN through torch's own tensor parallelism (`parallelize_module` with ColwiseParallel /
+    RowwiseParallel on a 1-D DeviceMesh), in place: the side-by-side reference for
+    `parallelize_block`. torch splits a weight into contiguous chunks, so the fused q|k|v rows are
+    first reordered to [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]: each rank's chunk then holds its heads
+    (torchtitan keeps q, k and v separate instead). The attention computes n_heads / t heads."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    t = mesh.size()
+    layout = block_layout(block, t)
+    params = dict(block.named_parameters())
+    with torch.no_grad():
+        for name in ("attn.qkv.weight", "attn.qkv.bias"):
+            if name in params:
+                p = params[name]
+                p.copy_(torch.cat([shard_of(p.detach(), layout[name], r, t) for r in range(t)], dim=0))
+    block.attn.n_heads = split_evenly(block.attn.n_heads, t, "n_heads")
+    block.attn.n_kv_heads = split_evenly(block.attn.n_kv_heads, t, "n_kv_heads")
+    names = {n for n, _ in block.named_modules()}
+    plan = {m: ColwiseParallel() if kind == "column" else RowwiseParallel() for m, kind in BLOCK_PLAN.items() if m in names}
+    return parallelize_module(block, mesh, plan)

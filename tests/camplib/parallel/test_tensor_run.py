@@ -148,3 +148,51 @@ def test_vocab_loss_runner_measures_collectives_and_the_largest_tensor():
             else:
                 assert out["calls_forward"][rank] == {"allgather": 1}
                 assert out["largest_bytes"][rank] >= full_bytes, out["largest_bytes"]
+
+
+# -- next to torch's own tensor parallelism, on a whole block -------------------------------------
+def _ours_and_torchs_block_rank(rank, t, cases):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from camplib.model import Block
+    from camplib.parallel.tensor_run import _rope, parallelize_block, torch_parallelize_block
+    mesh = init_device_mesh("cpu", (t,))
+    out = {}
+    for style, (config, state, x, dy) in cases.items():
+        for name in ("ours", "torch"):
+            block = Block(GPTConfig(**config), _rope(config)).double()
+            block.load_state_dict(state)
+            if name == "ours":
+                parallelize_block(block, ColumnParallelLinear, RowParallelLinear, rank, t)
+            else:
+                torch_parallelize_block(block, mesh)
+            xi = x.clone().requires_grad_(True)
+            y = block(xi)
+            (y * dy).sum().backward()
+            out[f"{style} {name}"] = {"y": y.detach(), "x_grad": xi.grad}
+    return out
+
+
+@pytest.mark.slow    # ~6 s: importing torch._dynamo, which DTensor needs, is most of it
+@pytest.mark.parity
+def test_parallelize_block_equals_torchs_colwise_rowwise_plan_on_a_whole_block():
+    """GPT-2 and Llama (GQA, RoPE, SwiGLU) blocks, fp64, 2 ranks: ours, torch's and the dense block agree."""
+    import torch._dynamo  # noqa: F401  (DTensor imports it: once here, inherited by the forked ranks)
+    import torch.distributed.tensor.parallel  # noqa: F401
+
+    from camplib.dist import launch
+    cases, dense = {}, {}
+    for style in ("gpt2", "llama"):
+        config = vars(BLOCKS[style])
+        block = dense_block(config, seed=6, dtype="float64")
+        g = torch.Generator().manual_seed(7)
+        x, dy = (torch.randn(2, 8, 32, generator=g, dtype=torch.float64) for _ in range(2))
+        xr = x.clone().requires_grad_(True)
+        y = block(xr)
+        (y * dy).sum().backward()
+        cases[style], dense[style] = (config, dict(block.state_dict()), x, dy), (y.detach(), xr.grad)
+    for rank, res in enumerate(launch(_ours_and_torchs_block_rank, 2, cases, backend="gloo", timeout=60)):
+        for key, got in res.items():
+            y, x_grad = dense[key.split()[0]]
+            assert_close(f"{key} output rank {rank}", got["y"], y, **TOL["float64"])
+            assert_close(f"{key} input grad rank {rank}", got["x_grad"], x_grad, **TOL["float64"])
