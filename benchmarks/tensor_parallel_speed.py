@@ -23,7 +23,12 @@ from camplib.dist import launch
 from camplib.dist.counting import count_bytes
 from camplib.model import Block, GPTConfig
 from camplib.parallel.tensor import ColumnParallelLinear, RowParallelLinear
-from camplib.parallel.tensor_run import _rope, dense_block, parallelize_block, torch_parallelize_block
+from camplib.parallel.tensor_run import (
+    block_rope,
+    dense_block,
+    parallelize_block,
+    torch_parallelize_block,
+)
 
 
 def _step(block, x, dy) -> tuple[float, torch.Tensor]:
@@ -40,7 +45,7 @@ def _rank(rank, t, config, state, x, dy, rounds, steps, threads):
     torch.set_num_threads(threads)
     blocks = {}
     for name in ("dense", "camplib", "torch"):
-        block = Block(GPTConfig(**config), _rope(config))
+        block = Block(GPTConfig(**config), block_rope(config))
         block.load_state_dict(state)
         if name == "camplib":
             parallelize_block(block, ColumnParallelLinear, RowParallelLinear, rank, t)
@@ -71,8 +76,8 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     args = parser.parse_args()
-    import torch._dynamo  # noqa: F401  (DTensor needs it: imported once here, inherited by the ranks)
-    import torch.distributed.tensor.parallel  # noqa: F401
+    import torch._dynamo  # DTensor needs it: imported once here, inherited by the ranks
+    import torch.distributed.tensor.parallel
 
     config = vars(GPTConfig.gpt2_style(n_head=args.heads, d_model=args.d_model, max_seq_len=args.seq))
     block = dense_block(config, seed=0)

@@ -17,12 +17,18 @@ from camplib.dist import on_ranks
 from camplib.dist.counting import count_bytes
 from camplib.model import Block, GPTConfig
 from camplib.parallel.model_specs import DTYPES
-from camplib.parallel.tensor import Shard, largest_new_tensor, shard_of, split_evenly, unshard
+from camplib.parallel.tensor import (
+    Shard,
+    largest_new_tensor,
+    shard_of,
+    split_evenly,
+    unshard,
+)
 from camplib.parallel.tensor_model import TensorParallelGPT
 from camplib.rope import RotaryEmbedding
 
-__all__ = ["BLOCK_PLAN", "block_layout", "conjugate_ops_on_ranks", "dense_block", "parallel_block_on_ranks",
-           "parallelize_block", "run_split_gpt", "split_gpt_rank", "torch_parallelize_block", "vocab_loss_on_ranks"]
+__all__ = ["BLOCK_PLAN", "block_layout", "block_rope", "conjugate_ops_on_ranks", "dense_block",
+           "parallel_block_on_ranks", "parallelize_block", "run_split_gpt", "split_gpt_rank", "torch_parallelize_block", "vocab_loss_on_ranks"]
 
 
 def split_gpt_rank(rank: int, t: int, cases: list[dict], idx: torch.Tensor, targets: torch.Tensor) -> dict:
@@ -68,14 +74,18 @@ BLOCK_PLAN = {"attn.qkv": "column", "attn.proj": "row", "mlp.fc": "column", "mlp
               "mlp.gate": "column", "mlp.up": "column", "mlp.down": "row"}
 
 
+def block_rope(config: dict) -> RotaryEmbedding | None:
+    """The rotary embedding a Block of GPTConfig(**config) is built with (None: learned positions)."""
+    cfg = GPTConfig(**config)
+    return RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta) if cfg.pos == "rope" else None
+
+
 def dense_block(config: dict, seed: int = 0, dtype: str = "float32") -> nn.Module:
     """camplib.model.Block(GPTConfig(**config)) from `seed`, its biases and norm weights moved off
     GPT-2's zeros and ones (a bias counted t times, or a norm weight left out, must show)."""
-    cfg = GPTConfig(**config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        rope = RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta) if cfg.pos == "rope" else None
-        block = Block(cfg, rope).to(DTYPES[dtype])
+        block = Block(GPTConfig(**config), block_rope(config)).to(DTYPES[dtype])
         with torch.no_grad():
             for p in block.parameters():
                 if p.dim() == 1:
@@ -136,7 +146,7 @@ def parallelize_block(block: nn.Module, column_cls, row_cls, rank: int, t: int) 
 
 def _block_rank(rank, t, column_cls, row_cls, config, state, dtype, x, grad_out):
     torch.manual_seed(0)  # the student's layers initialise their own weights before ours are loaded
-    block = Block(GPTConfig(**config), _rope(config)).to(DTYPES[dtype])
+    block = Block(GPTConfig(**config), block_rope(config)).to(DTYPES[dtype])
     block.load_state_dict(state)
     layout = block_layout(block, t)
     parallelize_block(block, column_cls, row_cls, rank, t)
@@ -152,11 +162,6 @@ def _block_rank(rank, t, column_cls, row_cls, config, state, dtype, x, grad_out)
             "missing": missing, "calls_forward": dict(fwd.calls), "calls_backward": dict(bwd.calls)}
 
 
-def _rope(config: dict):
-    cfg = GPTConfig(**config)
-    return RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta) if cfg.pos == "rope" else None
-
-
 def parallel_block_on_ranks(column_cls, row_cls, t: int, config: dict, state: dict, x: torch.Tensor,
                             grad_out: torch.Tensor, dtype: str = "float32", timeout: float = 60.0) -> dict:
     """A dense Block (GPTConfig(**config), weights `state`) with its linear layers replaced by
@@ -166,7 +171,7 @@ def parallel_block_on_ranks(column_cls, row_cls, t: int, config: dict, state: di
     replicated ones from rank 0, with "replicated_grads" per rank to compare)."""
     out = on_ranks(_block_rank, t, column_cls, row_cls, config, state, dtype, x, grad_out,
                    backend="gloo", timeout=timeout)
-    layout = block_layout(Block(GPTConfig(**config), _rope(config)), t)
+    layout = block_layout(Block(GPTConfig(**config), block_rope(config)), t)
     per_rank = out.pop("grads")
     complete = [n for n in layout if all(n in g for g in per_rank)]
     out["grads"] = {n: unshard([g[n] for g in per_rank], layout[n]) for n in complete}
@@ -228,7 +233,11 @@ def torch_parallelize_block(block: nn.Module, mesh) -> nn.Module:
     `parallelize_block`. torch splits a weight into contiguous chunks, so the fused q|k|v rows are
     first reordered to [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]: each rank's chunk then holds its heads
     (torchtitan keeps q, k and v separate instead). The attention computes n_heads / t heads."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
     t = mesh.size()
     layout = block_layout(block, t)
     params = dict(block.named_parameters())

@@ -13,7 +13,11 @@ from torch import nn
 
 from camplib.dist.launch import RankError
 from camplib.model import GPTConfig
-from camplib.parallel.tensor import ColumnParallelLinear, RowParallelLinear, vocab_parallel_cross_entropy
+from camplib.parallel.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    vocab_parallel_cross_entropy,
+)
 from camplib.parallel.tensor_comm import _CopyToTP, _ReduceFromTP, gather_from_tp
 from camplib.parallel.tensor_run import (
     conjugate_ops_on_ranks,
@@ -155,12 +159,16 @@ def _ours_and_torchs_block_rank(rank, t, cases):
     from torch.distributed.device_mesh import init_device_mesh
 
     from camplib.model import Block
-    from camplib.parallel.tensor_run import _rope, parallelize_block, torch_parallelize_block
+    from camplib.parallel.tensor_run import (
+        block_rope,
+        parallelize_block,
+        torch_parallelize_block,
+    )
     mesh = init_device_mesh("cpu", (t,))
     out = {}
     for style, (config, state, x, dy) in cases.items():
         for name in ("ours", "torch"):
-            block = Block(GPTConfig(**config), _rope(config)).double()
+            block = Block(GPTConfig(**config), block_rope(config)).double()
             block.load_state_dict(state)
             if name == "ours":
                 parallelize_block(block, ColumnParallelLinear, RowParallelLinear, rank, t)
@@ -177,8 +185,8 @@ def _ours_and_torchs_block_rank(rank, t, cases):
 @pytest.mark.parity
 def test_parallelize_block_equals_torchs_colwise_rowwise_plan_on_a_whole_block():
     """GPT-2 and Llama (GQA, RoPE, SwiGLU) blocks, fp64, 2 ranks: ours, torch's and the dense block agree."""
-    import torch._dynamo  # noqa: F401  (DTensor imports it: once here, inherited by the forked ranks)
-    import torch.distributed.tensor.parallel  # noqa: F401
+    import torch._dynamo  # DTensor imports it: once here, inherited by the forked ranks
+    import torch.distributed.tensor.parallel
 
     from camplib.dist import launch
     cases, dense = {}, {}
