@@ -169,6 +169,9 @@ def parallel_block_on_ranks(column_cls, row_cls, t: int, config: dict, state: di
     the collectives it made in forward and in backward, the parameters left without a gradient
     ("missing"), and "grads": every parameter's gradient in the dense shape (shards joined; the
     replicated ones from rank 0, with "replicated_grads" per rank to compare)."""
+    cfg = GPTConfig(**config)  # a split that cannot work fails here, before any rank starts
+    split_evenly(cfg.n_head, t, "n_head")
+    split_evenly(cfg.kv_heads, t, "n_kv_head")
     out = on_ranks(_block_rank, t, column_cls, row_cls, config, state, dtype, x, grad_out,
                    backend="gloo", timeout=timeout)
     layout = block_layout(Block(GPTConfig(**config), block_rope(config)), t)
@@ -221,6 +224,7 @@ def vocab_loss_on_ranks(loss_fn, t: int, logits: torch.Tensor, targets: torch.Te
     [r V/t, (r+1) V/t) of the (N, V) `logits`: per rank its "loss", "calls_forward",
     "calls_backward", "largest_bytes" (the biggest tensor any op made, forward or backward) and
     "local_logits_bytes"; "logits_grad", the ranks' gradient columns joined into (N, V)."""
+    split_evenly(logits.size(-1), t, "vocab_size")  # before any rank starts
     out = on_ranks(_vocab_loss_rank, t, loss_fn, logits, targets, backend="gloo", timeout=timeout)
     grads = out.pop("logits_grad")
     out["logits_grad"] = None if any(g is None for g in grads) else torch.cat(grads, dim=-1)

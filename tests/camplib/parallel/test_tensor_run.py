@@ -204,3 +204,12 @@ def test_parallelize_block_equals_torchs_colwise_rowwise_plan_on_a_whole_block()
             y, x_grad = dense[key.split()[0]]
             assert_close(f"{key} output rank {rank}", got["y"], y, **TOL["float64"])
             assert_close(f"{key} input grad rank {rank}", got["x_grad"], x_grad, **TOL["float64"])
+
+
+def test_splits_that_cannot_work_are_refused_before_any_rank_starts():
+    config = vars(BLOCKS["gpt2"])  # 4 heads
+    x = torch.zeros(1, 2, 32)
+    with pytest.raises(ValueError, match="n_head=4 is not divisible by the tensor-parallel size t=3"):
+        parallel_block_on_ranks(ColumnParallelLinear, RowParallelLinear, 3, config, {}, x, x)
+    with pytest.raises(ValueError, match="vocab_size=5 is not divisible by the tensor-parallel size t=2"):
+        vocab_loss_on_ranks(camplib_loss, 2, torch.zeros(3, 5), torch.zeros(3, dtype=torch.long))
