@@ -371,6 +371,12 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vo
 
 # -- measuring ------------------------------------------------------------------------------------
 class _LargestOutput(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo, whose first call imports
+        # torch._dynamo (seconds, in every forked rank): nothing here is ever compiled, so skip it
+        return False
+
     def __init__(self):
         super().__init__()
         self.largest, self.op, self.ops = 0, None, []
@@ -389,8 +395,8 @@ def largest_new_tensor():
     """`with largest_new_tensor() as m:` records the biggest tensor any aten op returns inside the
     block (m.largest bytes, m.op which op, m.ops every op), forward and backward alike; in-place
     results and views count too, so it errs on the large side. How to show that a loss never
-    builds the full logits. (Entering the first dispatch mode of a process imports torch._dynamo:
-    seconds. Forked ranks inherit the parent's imports.)"""
+    builds the full logits. (Unlike torch's default for dispatch modes, it does not import
+    torch._dynamo: measuring inside a freshly forked rank costs no seconds of imports.)"""
     mode = _LargestOutput()
     with mode:
         yield mode
