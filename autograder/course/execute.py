@@ -15,6 +15,7 @@ from pathlib import Path
 import nbformat
 
 from ..catalog import Lab
+from .kernel_client import SlicedWaitKernelManager
 from .nbgrader_setup import put_environment_on_path
 
 CI_BUDGET_S = 45.0
@@ -67,7 +68,8 @@ def run_lab(lab: Lab, root: Path, out_dir: Path, profile: str = "ci", overrides:
     try:
         papermill.execute_notebook(str(lab.source_path(root)), str(output), parameters=params,
                                    kernel_name="python3", cwd=str(work), progress_bar=False,
-                                   log_output=False, execution_timeout=lab.cell_timeout)
+                                   log_output=False, execution_timeout=lab.cell_timeout,
+                                   kernel_manager_class=SlicedWaitKernelManager)
     except PapermillExecutionError as exc:
         where = describe_cell(output, exc.exec_count, exc.source)
         return RunResult(lab.id, profile, time.perf_counter() - start, False,

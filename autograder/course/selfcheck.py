@@ -43,10 +43,12 @@ def run_visible_tests(path: Path, timeout: int = 120) -> list[TestResult]:
     """Execute a copy of the notebook (cwd = its folder) and report every graded test cell."""
     from nbclient import NotebookClient
 
+    from .kernel_client import SlicedWaitKernelManager
+
     put_environment_on_path()
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(path.parent.resolve())}})
+                            kernel_manager_class=SlicedWaitKernelManager, resources={"metadata": {"path": str(path.parent.resolve())}})
     client.execute()
     results = []
     for cell in nb.cells:

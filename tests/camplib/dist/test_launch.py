@@ -152,6 +152,8 @@ def test_from_a_notebook_with_a_function_defined_in_it(tmp_path):
             return float(t)
         print(launch(work, 2))
     """))])
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    from autograder.course.kernel_client import SlicedWaitKernelManager
+    NotebookClient(nb, timeout=120, kernel_name="python3", kernel_manager_class=SlicedWaitKernelManager,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
     text = "".join(o.get("text", "") for o in nb.cells[0].outputs)
     assert "[3.0, 3.0]" in text and "[rank 1] rank 1 sees 3.0" in text, text
