@@ -238,7 +238,11 @@ def _rank_main(fn, rank, world_size, args, backend, listener, timeout, conn, par
                           LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         if sys.platform.startswith("linux") and os.path.exists("/sys/class/net/lo"):
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local ranks talk over loopback only
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        # One intra-op thread per rank, torchrun's default too (OMP_NUM_THREADS=1). More is not
+        # safe here: a rank is forked, and if the parent already ran a parallel region, OpenMP
+        # (libgomp) hangs in the child's first one (tests/camplib/dist/test_launch.py).
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
         if backend == "nccl":
             torch.cuda.set_device(rank)
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, wait_for_workers=False,

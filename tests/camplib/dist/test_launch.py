@@ -157,3 +157,22 @@ def test_from_a_notebook_with_a_function_defined_in_it(tmp_path):
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     text = "".join(o.get("text", "") for o in nb.cells[0].outputs)
     assert "[3.0, 3.0]" in text and "[rank 1] rank 1 sees 3.0" in text, text
+
+
+def _parallel_matmul_threads(rank, world_size):
+    x = torch.randn(512, 512)
+    return float((x @ x).sum()) * 0 + torch.get_num_threads()
+
+
+def test_ranks_compute_after_the_parent_used_several_threads():
+    """A notebook's kernel often ran parallel torch work before launching; a forked rank that
+    then used several OpenMP threads hung in its first parallel region (libgomp is not
+    fork-safe). Ranks use one thread, as under torchrun."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a = torch.randn(512, 512)
+        (a @ a).sum()
+        assert launch(_parallel_matmul_threads, 1, timeout=30, run_timeout=60) == [1.0]
+    finally:
+        torch.set_num_threads(before)
