@@ -114,7 +114,6 @@ def _torch_pipelining_rank(rank, p, gpt, idx, targets, m, schedule):
     return {"grads": {n: q.grad for n, q in stage.named_parameters()}}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_torch_pipelining_computes_the_same_gradients(schedule):
     gpt, idx, targets, _, grads = make_case("llama", 4)   # untied head: torch does not sum tied weights
