@@ -21,9 +21,10 @@ from torch import nn
 from camplib.dist import on_ranks
 from camplib.parallel.pipeline import InFlight, check_pipeline, pipeline_step, stages_of_rank
 from camplib.parallel.pipeline_comm import PipelineComm, sum_tied_grad
-from camplib.parallel.pipeline_schedule import build_schedule, check_schedule
+from camplib.parallel.model_specs import build_model
+from camplib.parallel.pipeline_schedule import as_actions, build_schedule, check_schedule
 
-__all__ = ["pipeline_rank", "run_pipeline"]
+__all__ = ["pipeline_rank", "run_pipeline", "run_pipeline_spec"]
 
 
 def pipeline_rank(rank: int, p: int, gpt: nn.Module, idx: torch.Tensor, targets: torch.Tensor, m: int, v: int,
@@ -67,6 +68,7 @@ def run_pipeline(gpt: nn.Module, idx: torch.Tensor, targets: torch.Tensor, p: in
         raise ValueError(f"a schedule is a list of {p} per-rank action lists, got {type(schedule).__name__} "
                          f"of length {len(schedule) if hasattr(schedule, '__len__') else '?'}")
     check_schedule(schedule, m, v)
+    schedule = as_actions(schedule)
     out = on_ranks(pipeline_rank, p, gpt, idx, targets, m, v, schedule, step_fn or pipeline_step, timeout, steps,
                    timeout=timeout)
     grads = {}
@@ -76,3 +78,12 @@ def run_pipeline(gpt: nn.Module, idx: torch.Tensor, targets: torch.Tensor, p: in
     last = (p * v - 1) % p
     return {"loss": out["loss"][last], "losses": out["loss"], "grads": grads, "peak_in_flight": out["peak"],
             "events": out["events"], "bytes_sent": out["bytes_sent"]}
+
+
+def run_pipeline_spec(spec: dict, idx: torch.Tensor, targets: torch.Tensor, p: int, m: int, v: int = 1,
+                      schedule: str | list = "1f1b", step_fn=None, *, timeout: float = 60.0) -> dict:
+    """`run_pipeline` on `build_model(spec)` (camplib.parallel.model_specs: plain data, so a grader
+    can hand it across a process boundary), returning only plain data: "loss", "grads",
+    "peak_in_flight", "bytes_sent"."""
+    out = run_pipeline(build_model(spec), idx, targets, p, m, v, schedule, step_fn, timeout=timeout)
+    return {k: out[k] for k in ("loss", "grads", "peak_in_flight", "bytes_sent")}

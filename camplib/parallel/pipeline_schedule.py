@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Action", "SCHEDULES", "bubble_theory", "build_schedule", "check_schedule", "gpipe",
+__all__ = ["Action", "SCHEDULES", "as_actions", "bubble_theory", "build_schedule", "check_schedule", "gpipe",
            "interleaved_1f1b", "one_f_one_b", "peak_in_flight", "simulate", "stage_of"]
 
 
@@ -40,6 +40,23 @@ def _check_sizes(p: int, m: int, v: int = 1) -> None:
     for name, value in (("p (ranks)", p), ("m (micro-batches)", m), ("v (chunks per rank)", v)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def as_actions(schedule) -> list[list[Action]]:
+    """A schedule written with plain tuples ("F", mb) / ("B", mb, chunk) as Actions; a clear
+    ValueError for anything else."""
+    if not isinstance(schedule, (list, tuple)):
+        raise ValueError(f"a schedule is a list of per-rank action lists, got {type(schedule).__name__}")
+    out = []
+    for r, actions in enumerate(schedule):
+        row = []
+        for a in actions:
+            if not (isinstance(a, (tuple, list)) and 2 <= len(a) <= 3 and a[0] in ("F", "B")
+                    and all(isinstance(x, int) and x >= 0 for x in a[1:])):
+                raise ValueError(f"rank {r}: {a!r} is not an action (\"F\" or \"B\", micro-batch[, chunk])")
+            row.append(Action(*a))
+        out.append(row)
+    return out
 
 
 def stage_of(rank: int, chunk: int, p: int) -> int:
@@ -127,6 +144,7 @@ def check_schedule(schedule: list[list[Action]], m: int, v: int = 1) -> None:
     """Raise ValueError (naming the rank and the action) unless every rank runs F then B of every
     (micro-batch, chunk) exactly once, and the ranks, each running its list in order, never wait
     forever (see `simulate`)."""
+    schedule = as_actions(schedule)
     p = len(schedule)
     expected = sorted((kind, i, c) for kind in "FB" for i in range(m) for c in range(v))
     for r, actions in enumerate(schedule):
@@ -158,6 +176,7 @@ def simulate(schedule: list[list[Action]], v: int = 1, forward_cost: float = 1.0
     Returns {"events": [per rank: [(action, start, end)]], "makespan", "busy" (per rank),
     "bubble" (idle / (p * makespan)), "peak_in_flight" (per rank)}. Raises ValueError naming
     the waiting actions if the ranks deadlock."""
+    schedule = as_actions(schedule)
     p = len(schedule)
     n_stages = p * v
     tf, tb = forward_cost / v, backward_cost / v

@@ -66,3 +66,10 @@ def test_check_schedule_names_missing_actions():
 def test_bad_sizes_raise_clear_errors(args, message):
     with pytest.raises(ValueError, match=message):
         build_schedule(*args)
+
+
+def test_plain_tuples_are_actions_and_junk_is_named():
+    tuples = [[("F", 0), ("B", 0)], [("F", 0), ("B", 0)]]
+    assert simulate(tuples)["bubble"] == pytest.approx(bubble_theory(2, 1))
+    with pytest.raises(ValueError, match=r"rank 1: \('X', 0\) is not an action"):
+        check_schedule([[("F", 0), ("B", 0)], [("X", 0)]], 1)
