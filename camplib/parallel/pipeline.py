@@ -116,16 +116,17 @@ def pipeline_step(stages: dict[int, PipelineStage], actions: list[Action], micro
     """Run this rank's `actions` once: gradients accumulate into the stages' parameters. Returns
     the loss of the whole batch (the mean of the micro-batch losses) on the last stage's rank,
     0 elsewhere. `micro_batches[i]` is (token ids, targets); `stages[chunk]` the rank's chunk.
-    If `events` is a list, (action, start, end) in perf_counter seconds are appended to it."""
+    If `events` is a list, (action, start, end) in perf_counter seconds are appended to it: the
+    compute of each action, from after its receive to after its send was posted."""
     m = len(micro_batches)
     stash: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
     total = torch.zeros(())
     for a in actions:
-        start = time.perf_counter()
         stage = stages[a.chunk]
         if a.kind == "F":
             idx, targets = micro_batches[a.mb]
             x = idx if stage.is_first else comm.recv_forward(a.mb, stage.index).requires_grad_()
+            start = time.perf_counter()   # after the receive: waiting is bubble, not work
             if stage.is_last:
                 out = stage(x, targets) / m
                 total = total + out.detach()
@@ -135,10 +136,9 @@ def pipeline_step(stages: dict[int, PipelineStage], actions: list[Action], micro
             stash[a.mb, a.chunk] = (x, out)
         else:
             x, out = stash.pop((a.mb, a.chunk))
-            if stage.is_last:
-                out.backward()
-            else:
-                out.backward(comm.recv_backward(a.mb, stage.index))
+            grad = None if stage.is_last else comm.recv_backward(a.mb, stage.index)
+            start = time.perf_counter()
+            out.backward(grad)
             if not stage.is_first:
                 comm.send_backward(x.grad, a.mb, stage.index)
         if events is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.fx.experimental.symbolic_shapes  # noqa: F401  see below
 from torch import nn
 
 from camplib.dist import on_ranks
@@ -25,6 +26,10 @@ from camplib.parallel.model_specs import build_model
 from camplib.parallel.pipeline_schedule import as_actions, build_schedule, check_schedule
 
 __all__ = ["pipeline_rank", "run_pipeline", "run_pipeline_spec"]
+
+# `tensor.backward(gradient)` imports torch.fx.experimental.symbolic_shapes (and sympy) the first
+# time it runs in a process: 2-3 s on every forked rank of every run. Imported here, in the
+# launching process, the ranks inherit it.
 
 
 def pipeline_rank(rank: int, p: int, gpt: nn.Module, idx: torch.Tensor, targets: torch.Tensor, m: int, v: int,
