@@ -107,7 +107,12 @@ def sum_tied_grad(param: torch.nn.Parameter, rank: int, first: int, last: int, t
     other = torch.empty_like(grad)
     peer = last if rank == first else first
     send = dist.isend(grad.contiguous(), peer)
-    dist.irecv(other, peer).wait(timedelta(seconds=timeout))
-    send.wait(timedelta(seconds=timeout))
+    try:
+        dist.irecv(other, peer).wait(timedelta(seconds=timeout))
+        send.wait(timedelta(seconds=timeout))
+    except RuntimeError as exc:
+        raise RuntimeError(f"rank {rank} waited more than {timeout:g} s for the tied embedding's gradient from "
+                           f"rank {peer} (the {'last' if rank == first else 'first'} stage): did rank {peer} finish "
+                           f"its step? ({exc})") from exc
     # both ranks add in the same order (first's part + last's part): bitwise equal results
     param.grad = grad + other if rank == first else other + grad

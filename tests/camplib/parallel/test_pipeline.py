@@ -8,7 +8,7 @@ import torch.distributed.pipelining  # noqa: F401  imported once here: the forke
 from camplib.dist import on_ranks
 from camplib.losses import cross_entropy
 from camplib.model import GPT, GPTConfig
-from camplib.parallel.pipeline import PipelineStage, split_layers
+from camplib.parallel.pipeline import PipelineStage, pipeline_step, split_layers
 from camplib.parallel.pipeline_run import run_pipeline
 from camplib.parallel.pipeline_schedule import build_schedule
 from tests.support import assert_close
@@ -120,3 +120,18 @@ def test_torch_pipelining_computes_the_same_gradients(schedule):
     out = on_ranks(_torch_pipelining_rank, 2, gpt, idx, targets, 4, schedule, timeout=30)
     theirs = {n: g for rank in out["grads"] for n, g in rank.items()}
     assert_close(f"torch.distributed.pipelining {schedule} grads", theirs, grads, atol=1e-12, rtol=1e-12)
+
+
+def _step_that_never_sends(stages, actions, micro_batches, comm):
+    """Rank 0 computes nothing and sends nothing: rank 1 waits for its first activation."""
+    if stages[0].is_first:
+        return torch.zeros(())
+    return pipeline_step(stages, actions, micro_batches, comm)
+
+
+def test_a_missing_message_times_out_naming_what_was_awaited():
+    from camplib.dist import RankError
+    gpt, idx, targets, _, _ = make_case("llama", 2)   # untied: rank 0 ends its step at once
+    with pytest.raises(RankError, match=r"rank 1: stage 1 waited more than 2 s for micro-batch 0's activation "
+                                        r"from stage 0 \(rank 0\)"):
+        run_pipeline(gpt, idx, targets, 2, 2, 1, "1f1b", _step_that_never_sends, timeout=2)
