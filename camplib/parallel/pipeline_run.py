@@ -5,15 +5,14 @@ call of camplib.dist.on_ranks (pipeline / pipeline_comm never import it).
     out = run_pipeline(gpt, idx, targets, p=2, m=4, schedule="1f1b")
     out["loss"], out["grads"]        # the whole batch's loss, {dense name: gradient}
     out["peak_in_flight"]            # per rank, measured
-    out["events"]                    # per rank: [(action, start, end)] seconds from the step's start
+    out["events"]                    # per rank: [(action, start, end)] seconds from the last step's
+                                     # first action on any rank (the course's step only)
 
 `schedule` is a name of `camplib.parallel.pipeline_schedule.SCHEDULES` or an explicit list of
 per-rank action lists; `step_fn` replaces `camplib.parallel.pipeline.pipeline_step` (a student's).
 Every size and the schedule itself are checked here, before any rank starts.
 """
 from __future__ import annotations
-
-import time
 
 import torch
 import torch.fx.experimental.symbolic_shapes  # noqa: F401  see below
@@ -47,10 +46,9 @@ def pipeline_rank(rank: int, p: int, gpt: nn.Module, idx: torch.Tensor, targets:
         for q in params.values():
             q.grad = None
         comm = PipelineComm(rank, p, p * v, shape, gpt.tok_emb.weight.dtype, timeout)
-        events, t0 = [], time.perf_counter()
+        events = []   # only the course's step records them (perf_counter: one clock for all local ranks)
         loss = step_fn(stages, schedule[rank], micro_batches, comm, events) if step_fn is pipeline_step \
             else step_fn(stages, schedule[rank], micro_batches, comm)
-        events = [(a, start - t0, end - t0) for a, start, end in events]
     if gpt.lm_head.weight is gpt.tok_emb.weight:
         sum_tied_grad(gpt.tok_emb.weight, rank, first=0, last=(p * v - 1) % p, timeout=timeout)
     grads = {n: (q.grad.clone() if q.grad is not None else None) for n, q in params.items()}
@@ -76,13 +74,16 @@ def run_pipeline(gpt: nn.Module, idx: torch.Tensor, targets: torch.Tensor, p: in
     schedule = as_actions(schedule)
     out = on_ranks(pipeline_rank, p, gpt, idx, targets, m, v, schedule, step_fn or pipeline_step, timeout, steps,
                    timeout=timeout)
+    starts = [start for ev in out["events"] for _, start, _ in ev]
+    t0 = min(starts) if starts else 0.0   # the step's first action on any rank
+    events = [[(a, start - t0, end - t0) for a, start, end in ev] for ev in out["events"]]
     grads = {}
     for rank_grads in out["grads"]:
         for name, g in rank_grads.items():
             grads.setdefault(name, g)        # a tied weight: both ranks hold the same sum
     last = (p * v - 1) % p
     return {"loss": out["loss"][last], "losses": out["loss"], "grads": grads, "peak_in_flight": out["peak"],
-            "events": out["events"], "bytes_sent": out["bytes_sent"]}
+            "events": events, "bytes_sent": out["bytes_sent"]}
 
 
 def run_pipeline_spec(spec: dict, idx: torch.Tensor, targets: torch.Tensor, p: int, m: int, v: int = 1,

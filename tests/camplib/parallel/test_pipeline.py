@@ -135,3 +135,14 @@ def test_a_missing_message_times_out_naming_what_was_awaited():
     with pytest.raises(RankError, match=r"rank 1: stage 1 waited more than 2 s for micro-batch 0's activation "
                                         r"from stage 0 \(rank 0\)"):
         run_pipeline(gpt, idx, targets, 2, 2, 1, "1f1b", _step_that_never_sends, timeout=2)
+
+
+def test_recorded_actions_share_one_clock_and_follow_the_schedule():
+    gpt, idx, targets, _, _ = make_case("gpt2", 2)
+    out = run_pipeline(gpt, idx, targets, 2, 2, 1, "1f1b", timeout=30)
+    assert [[a for a, _, _ in ev] for ev in out["events"]] == [[tuple(a) for a in r] for r in build_schedule("1f1b", 2, 2)]
+    first = {(a[0], a[1], r): (s, e) for r, ev in enumerate(out["events"]) for a, s, e in ev}
+    assert min(s for s, _ in first.values()) == 0.0
+    # stage 1 computes micro-batch 0 only after stage 0 sent it; stage 0's backward after stage 1's
+    assert first[("F", 0, 1)][0] >= first[("F", 0, 0)][1]
+    assert first[("B", 0, 0)][0] >= first[("B", 0, 1)][1]
