@@ -8,6 +8,9 @@ Library (what a finished lab leaves behind):
   paper's formula and a measurement (lab a02).
 - `tensor`, `tensor_comm`, `tensor_model`: Megatron tensor and sequence parallelism (layers, the
   collectives in their own small file, camplib's GPT split over ranks: `TensorParallelGPT`) (lab a03).
+- `pipeline_schedule`, `pipeline`, `pipeline_comm`: pipeline parallelism (GPipe, 1F1B and
+  interleaved 1F1B as per-rank action lists with a checker and a simulator; camplib's GPT cut
+  into stages and a step loop running any schedule; tagged sends and receives) (lab a04).
 - `compression`: fp16/int8 quantized ring all-reduce, top-k with error feedback (lab a02).
 - `model_specs`: models described by plain dicts (MLP, GPT), rebuilt identically on every rank.
 - `reference`: one process on the full batch, the answer N ranks must reproduce, and the one
@@ -19,6 +22,8 @@ camplib.dist.on_ranks; the library modules above never import them):
 - `zero_run`: `train_zero_on_ranks`, `train_optimizer_on_ranks`, `gradient_shards_on_ranks`.
 - `compression_run`: `compression_loss_curves`.
 - `tensor_run`: `run_split_gpt` (the split GPT's logits, loss and gradients, joined back).
+- `pipeline_run`: `run_pipeline` / `run_pipeline_spec` (loss, gradients by dense name, peak
+  micro-batches in flight and the recorded actions of a p-rank pipeline).
 
 No functions are defined here (the lab grader watches this package's own names): import from
 the modules.
