@@ -18,18 +18,10 @@ MISTAKES = [
     Mistake("lora_linear", _edit("lora_linear", "self.lora_B = nn.Parameter(torch.zeros(",
                                  "self.lora_B = nn.Parameter(torch.randn("),
             4, "B starts at zero"),
-    # the scale alpha (forgetting to divide by r)
-    Mistake("lora_linear", _edit("lora_linear", "self.scale = alpha / (math.sqrt(r) if use_rslora else r)",
-                                 "self.scale = alpha"),
-            4, "scale = alpha/r"),
     # the scale inverted: r / alpha
     Mistake("lora_linear", _edit("lora_linear", "self.scale = alpha / (math.sqrt(r) if use_rslora else r)",
                                  "self.scale = (math.sqrt(r) if use_rslora else r) / alpha"),
             4, "scale = alpha/r"),
-    # the base Linear left trainable
-    Mistake("lora_linear", _edit("lora_linear", "            p.requires_grad_(False)\n",
-                                 "            pass\n"),
-            4, "freeze the base Linear"),
     # only the wrapped Linears frozen (by LoRALinear): embeddings, norms and the rest still train
     Mistake("inject_lora", _edit("inject_lora", "    for p in model.parameters():\n        p.requires_grad_(False)\n", ""),
             3, "freeze EVERY parameter"),
