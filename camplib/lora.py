@@ -217,6 +217,13 @@ def _read_adapter(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
             raise ValueError(f"{folder / CONFIG_NAME}: {key}={config[key]!r} is not supported here")
     if config.get("bias", "none") != "none" or config.get("fan_in_fan_out") or config.get("use_dora"):
         raise ValueError(f"{folder / CONFIG_NAME}: only plain LoRA (bias='none', no DoRA, nn.Linear) is supported")
+    r, alpha = config.get("r"), config.get("lora_alpha")
+    if not isinstance(r, int) or isinstance(r, bool) or r <= 0 or not isinstance(alpha, (int, float)):
+        raise ValueError(f"{folder / CONFIG_NAME}: needs a positive integer r and a number lora_alpha, "
+                         f"got r={r!r}, lora_alpha={alpha!r}")
+    if not isinstance(config.get("target_modules"), (str, list)):
+        raise ValueError(f"{folder / CONFIG_NAME}: target_modules must be a list or a regex, "
+                         f"got {config.get('target_modules')!r}")
     return config, tensors
 
 

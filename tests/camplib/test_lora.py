@@ -189,6 +189,10 @@ def test_bad_input_leaves_the_model_unchanged(tmp_path):
     save_adapter(other, tmp_path / "other")
     with pytest.raises(ValueError, match=r"blocks\.0\.attn\.qkv\.lora_A\.weight has shape"):
         load_adapter(model, tmp_path / "other")
+    config = json.loads((tmp_path / "other" / "adapter_config.json").read_text())
+    (tmp_path / "other" / "adapter_config.json").write_text(json.dumps({**config, "r": "four"}))
+    with pytest.raises(ValueError, match="positive integer r"):
+        load_adapter(model, tmp_path / "other")
     (tmp_path / "other" / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="cannot read the adapter"):
         load_adapter(model, tmp_path / "other")
