@@ -65,6 +65,13 @@ def cmd_run(args, catalog: Catalog, root: Path) -> int:
 
 
 def cmd_grade(args, catalog: Catalog, root: Path) -> int:
+    from .grading.pool import start_fork_server
+
+    try:   # first: the workers' imports then run while this process does its own
+        labs = [catalog.get(args.lab)] if args.lab else catalog.ready()
+        start_fork_server([str(lab.source_path(root)) for lab in labs])
+    except Exception:
+        pass   # grade() starts it, reporting any real problem
     from .course.nbgrader_setup import grading_workspace
     from .grading.grade import GradeOptions, GradingSetupError, grade
 

@@ -13,13 +13,13 @@ worker then does its first-use work (canary plan, setup cells) for the labs it g
 from __future__ import annotations
 
 import ast
+import json
 import multiprocessing
 import os
 import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from ..course.labspec import LabSpec
 from .results import SubmissionResult, TestOutcome
 
 
@@ -28,11 +28,13 @@ ENGINE_MODULES = ["autograder.grading.worker", "torch._dynamo", "IPython.core.in
 
 def preload_modules(sources: list[str]) -> list[str]:
     """The grading engine's modules and every module the labs' setup cells import (read from the
-    course's own notebooks, never a submission's)."""
+    course's own notebooks, never a submission's; plain JSON, so that this is quick)."""
     names = list(ENGINE_MODULES)
     for source in sources:
         try:
-            setup = LabSpec.from_notebook(Path(source)).setup
+            cells = json.loads(Path(source).read_text(encoding="utf-8"))["cells"]
+            setup = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells
+                     if c.get("cell_type") == "code" and "setup" in c.get("metadata", {}).get("tags", [])]
         except Exception:
             continue
         for cell in setup:
@@ -48,19 +50,29 @@ def preload_modules(sources: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def start_fork_server(sources: list[str]) -> None:
+    """Start the fork server the workers come from, with `sources`' imports preloaded; returns at
+    once (the server imports in its own process). Call it as early as possible (`camp grade`
+    does, before its own imports); later calls, and their preload lists, change nothing."""
+    from multiprocessing import forkserver
+
+    os.environ.setdefault("MPLBACKEND", "Agg")   # the fork server imports pyplot: never a display
+    multiprocessing.get_context("forkserver").set_forkserver_preload(preload_modules(sources))
+    forkserver.ensure_running()
+
+
 class GradingPool:
     """`n` warm workers; `warm` lists (source notebook, forbidden APIs) of the labs to grade."""
 
     def __init__(self, n: int, isolation: str, threads: int, warm: list[tuple[str, list[str]]]):
         from .worker import init_worker, ready
 
-        os.environ.setdefault("MPLBACKEND", "Agg")   # the fork server imports pyplot: never a display
+        start_fork_server([source for source, _ in warm])
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(preload_modules([source for source, _ in warm]))  # before it first starts
         self._pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=init_worker,
                                          initargs=(isolation, threads, warm))
-        # One task each makes the executor start every worker now. Starting the fork server
-        # blocks until it has imported everything, so it happens in a thread, beside the caller.
+        # One task each makes the executor start every worker now. A worker's start waits for
+        # the fork server to finish importing, so it happens in a thread, beside the caller.
         self._starting = threading.Thread(target=lambda: [self._pool.submit(ready) for _ in range(n)],
                                           name="camp-grading-pool-start", daemon=True)
         self._starting.start()
@@ -78,6 +90,7 @@ class GradingPool:
                 outcome = future.result()
                 yield job, SubmissionResult.from_dict(outcome["result"]), outcome["starved"]
             except Exception as exc:  # the worker itself died: report, don't save, retry next run
+                from ..course.labspec import LabSpec
                 spec = LabSpec.from_notebook(Path(job["source"]))
                 tests = [TestOutcome(t.grade_id, t.points, 0.0, "not graded") for t in spec.tests]
                 yield job, SubmissionResult(job["student"], job["lab"], "error", max_score=spec.max_score,
