@@ -1,7 +1,10 @@
 """Fixtures every test gets.
 
-- one intra-op thread per test process: the suite runs on 2 cores (pytest-xdist workers, rank
-  processes, sandboxes); tiny matmuls only lose by waiting for a busy core;
+- one intra-op thread per test process, and (OMP_NUM_THREADS) per process they start: the suite
+  runs on 2 cores (pytest-xdist workers, notebook kernels, rank processes, sandboxes); tiny
+  matmuls only lose by waiting for a busy core, and OpenMP threads spinning for a core the other
+  worker holds made lab notebooks 2-5x slower (a01's ci run: 16 s with one thread, up to 69 s
+  with two beside a busy worker), so a lab's ci budget is measured on one core;
 - no process left behind: a test that starts ranks, sandboxes or servers must end them.
 """
 import os
@@ -12,6 +15,7 @@ import torch
 
 
 def pytest_configure(config):
+    os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
 
