@@ -22,7 +22,6 @@ from pathlib import Path
 
 from .results import SubmissionResult, TestOutcome
 
-
 ENGINE_MODULES = ["autograder.grading.worker", "torch._dynamo", "IPython.core.interactiveshell"]
 
 
@@ -56,9 +55,18 @@ def start_fork_server(sources: list[str]) -> None:
     does, before its own imports); later calls, and their preload lists, change nothing."""
     from multiprocessing import forkserver
 
-    os.environ.setdefault("MPLBACKEND", "Agg")   # the fork server imports pyplot: never a display
     multiprocessing.get_context("forkserver").set_forkserver_preload(preload_modules(sources))
-    forkserver.ensure_running()
+    # The fork server imports pyplot: never a display. Only its environment says so: the
+    # caller's (a pytest worker, a notebook kernel starting Jupyter) must keep its backend.
+    saved = os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = "Agg"
+    try:
+        forkserver.ensure_running()
+    finally:
+        if saved is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = saved
 
 
 class GradingPool:

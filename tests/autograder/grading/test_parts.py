@@ -3,6 +3,7 @@ structure repair, and how a lab is read from its source notebook."""
 import copy
 import io
 import json
+import os
 import struct
 
 import nbformat
@@ -375,3 +376,13 @@ def test_the_grader_sets_a_fresh_seed_in_the_trusted_namespace_only():
     spec = LabSpec.from_notebook(B01.source_path(ROOT))
     assert _trusted_namespace(spec, 4242)["seed"] == 4242
     assert len({new_seed() for _ in range(5)}) > 1
+
+
+def test_starting_the_grading_fork_server_leaves_the_callers_environment_alone(monkeypatch):
+    """The fork server imports pyplot headless (MPLBACKEND=Agg in its own environment only): a
+    caller that later starts Jupyter (the browser test's pytest worker, a notebook) keeps inline
+    figures."""
+    from autograder.grading.pool import start_fork_server
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    start_fork_server([])
+    assert "MPLBACKEND" not in os.environ
