@@ -70,18 +70,42 @@ def ops_for(forbid: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
 
 
 class _OpObserver(torch.utils._python_dispatch.TorchDispatchMode):
+    """Notes every aten operator the student's code reaches that implements a forbidden entry."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch would wrap __torch_dispatch__ in its disable-dynamo decorator, whose first call
+        # imports torch._dynamo and sympy: ~2 s in every student process. We keep dynamo out of
+        # the observer ourselves, and only once something has imported it (torch.compile does).
+        return False
+
     def __init__(self, ops: dict[str, tuple[str, ...]], hits: set[str]):
         super().__init__()
         self.ops, self.hits = ops, hits
         self.seen: dict[object, tuple[str, ...]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "torch._dynamo" in sys.modules:      # compiling may be under way: never traced
+            return (_OUTSIDE_DYNAMO or _observe_outside_dynamo())(self, func, args, kwargs)
+        return self._observe(func, args, kwargs)
+
+    def _observe(self, func, args, kwargs):
         entries = self.seen.get(func)
         if entries is None:
             entries = self.seen[func] = self.ops.get(func.__name__.split(".")[0], ()) if func.namespace == "aten" else ()
         if entries and called_by_student():
             self.hits.update(entries)
         return func(*args, **(kwargs or {}))
+
+
+_OUTSIDE_DYNAMO = None
+
+
+def _observe_outside_dynamo():
+    global _OUTSIDE_DYNAMO
+    import torch._dynamo
+    _OUTSIDE_DYNAMO = torch._dynamo.disable(_OpObserver._observe, recursive=True)
+    return _OUTSIDE_DYNAMO
 
 
 class Observer:

@@ -386,3 +386,32 @@ def test_starting_the_grading_fork_server_leaves_the_callers_environment_alone(m
     monkeypatch.delenv("MPLBACKEND", raising=False)
     start_fork_server([])
     assert "MPLBACKEND" not in os.environ
+
+
+_OBSERVER_IN_A_FRESH_PROCESS = r"""
+import sys, warnings
+warnings.simplefilter("error")
+import torch
+from autograder.grading.observe import Observer, canary_plan, _OpObserver, ops_for
+forbid = ("torch.softmax", "torch.nn.functional.scaled_dot_product_attention")
+obs = Observer(list(forbid))
+assert all(obs.canary(list(canary_plan(forbid)), seed=3))
+print("dynamo after canaries:", "torch._dynamo" in sys.modules)
+compiled = torch.compile(lambda x: torch.softmax(2 * x, -1), backend="eager")
+with _OpObserver(ops_for(forbid), set()) as mode:
+    compiled(torch.randn(3, 4))
+print("softmax seen under compile:", any("_softmax" in str(op) for op in mode.seen))
+"""
+
+
+def test_the_observer_costs_no_dynamo_import_and_stays_out_of_compiled_code():
+    """torch wraps a dispatch mode's handler in disable-dynamo, whose first call imports dynamo and
+    sympy (~2 s in every student process). The observer opts out and keeps dynamo out itself, only
+    once dynamo is loaded: a student's torch.compile still runs, warning-free, and is observed."""
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", _OBSERVER_IN_A_FRESH_PROCESS], capture_output=True,
+                         text=True, timeout=240, cwd=ROOT)
+    assert run.returncode == 0, f"fresh-process observer check failed:\n{run.stderr[-3000:]}"
+    assert "dynamo after canaries: False" in run.stdout, run.stdout
+    assert "softmax seen under compile: True" in run.stdout, run.stdout
