@@ -111,9 +111,12 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
             error = unparsable_cell(source) or student_proc.run_cell(source)
             if error:
                 result.cell_errors.append(f"{label}: {error}"[:MAX_MESSAGE])
+        result.cells_seconds = round(time.monotonic() - start, 2)
         trusted = _trusted_namespace(spec, seed)
         for test in spec.tests:
+            began = time.monotonic()
             result.tests.append(_run_test(test, trusted, spec, student_proc, banned.get(test.grade_id), plan))
+            result.tests[-1].seconds = round(time.monotonic() - began, 2)
     except StudentCrashed as exc:  # the process could not be (re)started
         result.status, result.message = "error", str(exc)
         result.retry = not started   # once the student's code ran, a dead process is their outcome

@@ -20,6 +20,7 @@ class TestOutcome:
     score: float
     message: str = ""
     output: str = ""
+    seconds: float = 0.0   # wall time of this test (its canaries included)
 
 
 @dataclass
@@ -34,6 +35,7 @@ class SubmissionResult:
     notes: list[str] = field(default_factory=list)
     message: str = ""
     seconds: float = 0.0
+    cells_seconds: float = 0.0   # of which: starting the sandbox and running the notebook's cells
     retry: bool = False   # a grader-side failure: not saved, so the next run grades it again
     seed: int | None = None   # the hidden cases' seed of the run that graded it (camp grade --seed)
     sandbox_uid: int | None = None   # the uid the student's code ran as (for the instructor's forensics)
