@@ -1,6 +1,7 @@
 """`camp grade` round trip on a real lab: the reference scores full marks, a blank notebook 0,
 one wrong function partial credit, and broken notebooks are reported while the rest are graded."""
 import csv
+import json
 import zipfile
 
 import nbformat
@@ -56,6 +57,9 @@ def test_reference_solution_scores_full_marks(graded):
     out, rows, _ = graded
     assert rows["ada"]["status"] == "graded"
     assert float(rows["ada"]["score"]) == float(rows["ada"]["max_score"]) == 12
+    result = json.loads((out / "results" / "b01_attention" / "ada.json").read_text())["result"]
+    assert 0 < result["cells_seconds"] < result["seconds"], result     # where the time went, recorded
+    assert all(t["seconds"] > 0 for t in result["tests"]), result["tests"]
 
 
 @pytest.mark.slow
