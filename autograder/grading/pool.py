@@ -1,8 +1,9 @@
 """The grading workers: `jobs` processes, started before the class is unpacked and the labs are
 registered, so that their start-up overlaps with that work instead of delaying the first result.
 
-A worker's start-up is most of a small class's grading time: importing torch, the test engine
-and what the labs' setup cells import (matplotlib, ipywidgets, transformers) costs 5-10 s, where
+A worker's start-up is most of a small class's grading time: importing torch, the test engine,
+torch's compiler stack (torch.optim's constructors import it) and what the labs' setup cells
+import (matplotlib, ipywidgets, transformers) costs 5-10 s, where
 one b01 submission then takes about 3 s. So workers come from a fork server that has imported
 all of that once: `--jobs 2` pays it once, not twice, and a worker exits without the
 interpreter's teardown (os._exit, as every fork-server child). The fork server runs no torch
@@ -21,7 +22,9 @@ from pathlib import Path
 
 from .results import SubmissionResult, TestOutcome
 
-ENGINE_MODULES = ["autograder.grading.worker", "IPython.core.interactiveshell"]
+# torch._dynamo: the tests' reference computations build torch.optim optimizers, whose constructor
+# imports it on first use (2-5 s); imported once here, no worker pays it again
+ENGINE_MODULES = ["autograder.grading.worker", "torch._dynamo", "IPython.core.interactiveshell"]
 
 
 def preload_modules(sources: list[str]) -> list[str]:
