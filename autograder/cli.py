@@ -17,12 +17,31 @@ from .text import format_table, inert
 
 
 def cmd_list(args, catalog: Catalog, root: Path) -> int:
-    rows = []
-    for level in LEVELS:
-        for lab in (l for l in catalog.labs if l.level == level):
-            rows.append([lab.id, lab.level, lab.title, ", ".join(lab.requires) or "-", f"{lab.minutes} min", lab.status])
-    print(format_table(["id", "level", "title", "requires", "time", "status"], rows))
+    print(ladder_markdown(catalog) if args.markdown else ladder_table(catalog))
     return 0
+
+
+def _ladder_rows(catalog: Catalog) -> list[list[str]]:
+    return [[lab.id, lab.level, lab.title, ", ".join(lab.requires) or "-", f"{lab.minutes} min", lab.status]
+            for level in LEVELS for lab in catalog.labs if lab.level == level]
+
+
+LADDER_HEADERS = ["id", "level", "title", "requires", "time", "status"]
+
+
+def ladder_table(catalog: Catalog) -> str:
+    return format_table(LADDER_HEADERS, _ladder_rows(catalog))
+
+
+def ladder_markdown(catalog: Catalog) -> str:
+    """The course map as the README shows it (tests/autograder/test_cli_list.py keeps them equal)."""
+    rows = _ladder_rows(catalog)
+    total = sum(lab.minutes for lab in catalog.labs)
+    lines = ["| " + " | ".join(LADDER_HEADERS) + " |", "|" + "---|" * len(LADDER_HEADERS)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    ready = [lab for lab in catalog.labs if lab.status == "ready"]
+    lines.append(f"\n{len(ready)} of {len(catalog.labs)} labs ready; about {total / 60:.0f} hours in all.")
+    return "\n".join(lines)
 
 
 def cmd_build(args, catalog: Catalog, root: Path) -> int:
@@ -134,7 +153,8 @@ def cmd_check(args, catalog: Catalog, root: Path) -> int:
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="camp", description="LLM Camp course tooling.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="show the ladder: labs, levels, prerequisites, status")
+    listing = sub.add_parser("list", help="show the ladder: labs, levels, prerequisites, status")
+    listing.add_argument("--markdown", action="store_true", help="as the README's course map (a Markdown table)")
     p = sub.add_parser("build", help="release student notebooks into labs/ from solutions/ (nbgrader)")
     p.add_argument("labs", nargs="*", metavar="LAB", help="lab ids or names (default: every ready lab)")
     p.add_argument("--check", action="store_true", help="fail if labs/ is stale or leaks solutions/hidden tests")

@@ -40,3 +40,14 @@ def test_inconsistent_catalog_is_rejected(tmp_path, body, message):
     with pytest.raises(CatalogError) as info:
         Catalog.load(path)
     assert message in str(info.value)
+
+
+def test_readme_course_map_is_the_catalogs():
+    """The README's ladder table is `camp list --markdown`: a catalog change shows there or fails here."""
+    from autograder.cli import ladder_markdown
+    readme = (repo_root() / "README.md").read_text(encoding="utf-8")
+    start, end = "<!-- ladder: camp list --markdown -->\n", "\n<!-- /ladder -->"
+    assert start in readme and end in readme, "README.md lost its course-map markers"
+    shown = readme.split(start, 1)[1].split(end, 1)[0]
+    assert shown == ladder_markdown(Catalog.load()), \
+        "README's course map is stale: paste the output of `camp list --markdown` between its markers"
