@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from camplib.dist.ring import exchange, ring_neighbours
 
-__all__ = ["SPLITS", "block_attention", "merge_partial", "ring_attention", "split_positions", "split_sequence",
+__all__ = ["SPLITS", "Ring", "block_attention", "merge_partial", "ring_attention", "split_positions", "split_sequence",
            "join_sequence", "unmasked_entries"]
 
 SPLITS = ("zigzag", "contiguous")
@@ -102,10 +102,30 @@ def unmasked_entries(seq_len: int, rank: int, cp: int, split: str = "zigzag") ->
     return int(sum(_block_mask(q_pos, split_positions(seq_len, src, cp, split)).sum() for src in range(cp)))
 
 
+class Ring:
+    """This rank's place on the ring of a context-parallel group: `rank`, `size`, and
+    `pass_on(*tensors)`, which sends each tensor to the right neighbour and returns the ones of
+    the same shapes received from the left (all posted at once: no deadlock; launch's timeout
+    bounds them). `block` is `block_attention`, for code handed a Ring (lab a05's exercise)."""
+
+    block = staticmethod(block_attention)
+
+    def __init__(self, group=None):
+        self.group = group
+        self.rank, self.size, self._right, self._left = ring_neighbours(group)
+
+    def pass_on(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        sent = [t.contiguous() for t in tensors]
+        received = [torch.empty_like(t) for t in sent]
+        exchange(sent, received, self._right, self._left, self.group)
+        return received
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, split, group):
-        rank, cp, right, left = ring_neighbours(group)
+        ring = Ring(group)
+        rank, cp = ring.rank, ring.size
         seq_len = q.shape[SEQ_DIM] * cp
         q_pos = split_positions(seq_len, rank, cp, split)
         kv = torch.stack([k, v]).contiguous()
@@ -115,9 +135,7 @@ class _RingAttention(torch.autograd.Function):
             block_out, block_lse = block_attention(q, kv[0], kv[1], q_pos, split_positions(seq_len, src, cp, split))
             out, lse = (block_out, block_lse) if out is None else merge_partial(out, lse, block_out, block_lse)
             if step < cp - 1:
-                incoming = torch.empty_like(kv)
-                exchange([kv], [incoming], right, left, group)
-                kv = incoming
+                kv, = ring.pass_on(kv)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.split, ctx.group = split, group
         return out
@@ -125,7 +143,8 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        rank, cp, right, left = ring_neighbours(ctx.group)
+        ring = Ring(ctx.group)
+        rank, cp = ring.rank, ring.size
         seq_len = q.shape[SEQ_DIM] * cp
         q_pos = split_positions(seq_len, rank, cp, ctx.split)
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -145,13 +164,10 @@ class _RingAttention(torch.autograd.Function):
             grad_kv[0] += grad_scores.transpose(-2, -1) @ q
             grad_kv[1] += probs.transpose(-2, -1) @ grad_out
             if cp > 1:   # the gradient moves on with its block; the last hop takes it home
-                send = [grad_kv] if step == cp - 1 else [kv, grad_kv]
-                received = [torch.empty_like(t) for t in send]
-                exchange(send, received, right, left, ctx.group)
                 if step == cp - 1:
-                    grad_kv = received[0]
+                    grad_kv, = ring.pass_on(grad_kv)
                 else:
-                    kv, grad_kv = received
+                    kv, grad_kv = ring.pass_on(kv, grad_kv)
         return grad_q, grad_kv[0], grad_kv[1], None, None
 
 

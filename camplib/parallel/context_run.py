@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from camplib.dist import on_ranks
-from camplib.parallel.context import join_sequence, split_sequence
+from camplib.parallel.context import Ring, join_sequence, split_positions, split_sequence
 from camplib.parallel.tensor import largest_new_tensor
 
-__all__ = ["run_ring_attention", "largest_full_attention_bytes"]
+__all__ = ["run_ring_attention", "run_ring_forward", "largest_full_attention_bytes"]
 
 
 def _backward(out: torch.Tensor, grad_out: torch.Tensor) -> None:
@@ -56,3 +56,24 @@ def largest_full_attention_bytes(fn, q, k, v, grad_out=None) -> int:
         if grad_out is not None:
             _backward(out, grad_out)
     return measured.largest
+
+
+def _forward_rank(rank, cp, fn, q, k, v, split):
+    positions = [split_positions(q.shape[2], r, cp, split) for r in range(cp)]
+    local = [split_sequence(t, rank, cp, split) for t in (q, k, v)]
+    with torch.no_grad():
+        out = fn(*local, positions, Ring())
+    if not isinstance(out, torch.Tensor) or out.shape != local[0].shape:
+        raise ValueError(f"the ring attention on rank {rank} returned "
+                         f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}, "
+                         f"expected a tensor of its queries' shape {tuple(local[0].shape)}")
+    return {"out": out}
+
+
+def run_ring_forward(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: int, split: str = "zigzag",
+                     timeout: float = 30.0) -> dict:
+    """`fn(q_shard, k_shard, v_shard, positions, ring)` on cp ranks (lab a05's exercise: the
+    forward of ring attention): positions[r] are rank r's global positions, `ring` a
+    `camplib.parallel.context.Ring`. Returns the joined "out", and "bytes_sent" per rank."""
+    got = on_ranks(_forward_rank, cp, fn, q, k, v, split, timeout=timeout, run_timeout=10 * timeout)
+    return {"out": join_sequence(got["out"], split), "bytes_sent": got["bytes_sent"]}

@@ -113,3 +113,33 @@ def test_ring_attention_refuses_mismatched_shapes():
     q = torch.randn(1, 4, 8, 4)
     with pytest.raises(ValueError, match="repeat GQA heads"):
         ring_attention(q, q[:, :2], q[:, :2])
+
+
+def _forward_with(block):
+    def forward(q, k, v, positions, ring):
+        out = lse = None
+        for step in range(ring.size):
+            src = (ring.rank - step) % ring.size
+            b_out, b_lse = block(q, k, v, positions[ring.rank], positions[src])
+            out, lse = (b_out, b_lse) if out is None else merge_partial(out, lse, b_out, b_lse)
+            if step < ring.size - 1:
+                k, v = ring.pass_on(k, v)
+        return out
+    return forward
+
+
+def _local_causal_block(q, k, v, q_pos, k_pos):
+    """The typical mistake: a lower-triangular mask on every block (local indices, no offset)."""
+    local = torch.arange(len(q_pos))
+    return block_attention(q, k, v, local, local)
+
+
+def test_ring_forward_runner_tells_the_causal_offset_from_none():
+    q, k, v, _ = _inputs((1, 2, 16, 4), torch.float64)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    from camplib.parallel.context_run import run_ring_forward
+    good = run_ring_forward(_forward_with(block_attention), q, k, v, 4)
+    assert_close("ring forward, course block", good["out"], expected, **TOL[torch.float64])
+    assert good["bytes_sent"] == [3 * 2 * q[:, :, :4].numel() * 8] * 4
+    bad = run_ring_forward(_forward_with(_local_causal_block), q, k, v, 4)
+    assert (bad["out"] - expected).abs().max() > 0.1
