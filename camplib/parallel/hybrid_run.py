@@ -1,6 +1,14 @@
 """Runner for hybrid training (tests, benchmarks, lab demos): a rank function plus one call of
 camplib.dist.on_ranks. Every size is checked here, before any rank starts.
 
+As a script it forks its own ranks, or, under torchrun, is one of them (the same code):
+
+    python -m camplib.parallel.hybrid_run --dp 2 --pp 2 --tp 2 --compare
+    torchrun --standalone --nproc_per_node 8 -m camplib.parallel.hybrid_run --dp 2 --pp 2 --tp 2
+    # two machines, 8 processes each (gloo over TCP; run on both, HOST = the first machine):
+    torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:29500 \
+        -m camplib.parallel.hybrid_run --dp 2 --pp 2 --tp 4
+
     out = train_hybrid(spec, data, steps, MeshShape(dp=2, pp=2, tp=2), m=2, hyper={"lr": 1e-2})
     out["losses"]            # the batch's loss per step (compare with reference_run's)
     out["bytes_per_step"]    # per rank: {collective or "send": bytes handed to it} over the steps / steps
@@ -19,6 +27,7 @@ from camplib.parallel.dist_checkpoint import load_dense, load_moments, moments_b
 from camplib.parallel.hybrid import HybridTrainer, check_hybrid
 from camplib.parallel.mesh import MeshShape, ProcessMesh
 from camplib.parallel.model_specs import build_model
+from camplib.parallel.reference import make_data, reference_run
 from camplib.parallel.tensor import unshard
 
 __all__ = ["train_hybrid", "train_single"]
@@ -74,8 +83,9 @@ def train_hybrid(spec: dict, data: dict, steps: int, shape: MeshShape, m: int = 
     check_hybrid(shape, shape.world_size, cfg, data["x"].shape[1], data["x"].shape[2], m)
     resume = load_dense(resume_from, config=spec["config"]) if resume_from is not None else None
     hyper = dict(hyper or {})
+    # gloo: the model and the data live on the CPU here (an NCCL run would need them on each rank's GPU)
     out = on_ranks(_hybrid_rank, shape.world_size, spec, data, steps, shape, m, hyper, schedule, timeout, start,
-                   resume, save_to, die_rank, timeout=timeout, run_timeout=20 * timeout)
+                   resume, save_to, die_rank, backend="gloo", timeout=timeout, run_timeout=20 * timeout)
     last = shape.rank_of(pp=shape.pp - 1)
     return {"losses": out["losses"][last], "params": _dense_params(out, shape), "coords": out["coords"],
             "param_bytes": out["param_bytes"],
@@ -110,3 +120,45 @@ def train_single(spec: dict, data: dict, start: int, steps: int, hyper: dict, re
         opt.step()
         losses.append(loss.item())
     return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def demo_setup(dp: int = 1, pp: int = 1, tp: int = 1, m: int = 1, steps: int = 3, dtype: str = "float64"):
+    """(spec, data, shape) of the script's run: a GPT small enough for any layout of these sizes."""
+    shape = MeshShape(dp=dp, pp=pp, tp=tp)
+    config = {"vocab_size": 32, "n_layer": max(2, pp), "n_head": max(2, tp), "d_model": 8 * max(2, tp),
+              "max_seq_len": 8, "tie_embeddings": False}
+    spec = {"kind": "gpt", "config": config, "dtype": dtype, "seed": 0}
+    return spec, make_data(spec, steps, 4 * dp * m, seed=1, seq_len=8), shape
+
+
+DEMO_HYPER = {"lr": 1e-2}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Train a small GPT on a layout; rank 0 prints the loss per step (and one process's, with
+    --compare)."""
+    import argparse
+    import json
+    parser = argparse.ArgumentParser(description="camplib's GPT on a DP x PP x TP mesh (gloo)")
+    for dim in ("dp", "pp", "tp"):
+        parser.add_argument(f"--{dim}", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--m", type=int, default=1, help="micro-batches per step")
+    parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    parser.add_argument("--compare", action="store_true", help="also train one process on the whole batch")
+    parser.add_argument("--out", help="write the losses as JSON here (rank 0)")
+    args = parser.parse_args(argv)
+    spec, data, shape = demo_setup(args.dp, args.pp, args.tp, args.m, args.steps, args.dtype)
+    got = train_hybrid(spec, data, args.steps, shape, args.m, DEMO_HYPER)
+    result = {"layout": shape.describe(), "losses": got["losses"]}
+    if os.environ.get("RANK", "0") == "0":
+        if args.compare:
+            result["one_process"] = reference_run(spec, data, args.steps, "adamw", DEMO_HYPER)["losses"]
+        print(json.dumps(result))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

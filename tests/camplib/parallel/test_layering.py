@@ -17,7 +17,7 @@ LIBRARY = ["dist/launch.py", "dist/ring.py", "dist/counting.py", "dist/ranks.py"
            "parallel/model_specs.py", "parallel/reference.py",
            "parallel/tensor.py", "parallel/tensor_comm.py", "parallel/tensor_model.py",
            "parallel/pipeline.py", "parallel/pipeline_comm.py", "parallel/pipeline_schedule.py",
-           "parallel/mesh.py", "parallel/context.py", "parallel/hybrid.py"]
+           "parallel/mesh.py", "parallel/context.py", "parallel/hybrid.py", "parallel/dist_checkpoint.py"]
 
 
 def imported_modules(path: Path) -> set[str]:
