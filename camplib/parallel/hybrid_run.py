@@ -19,6 +19,8 @@ import os
 from pathlib import Path
 
 import torch
+import torch._dynamo  # noqa: F401  see below
+import torch.fx.experimental.symbolic_shapes  # noqa: F401  see below
 
 from camplib.dist import on_ranks
 from camplib.dist.counting import count_bytes
@@ -31,6 +33,11 @@ from camplib.parallel.reference import make_data, reference_run
 from camplib.parallel.tensor import unshard
 
 __all__ = ["train_hybrid", "train_single"]
+
+# The pipeline's `out.backward(grad)` imports torch.fx.experimental.symbolic_shapes (and sympy), and
+# the first optimizer step torch._dynamo, the first time they run in a process: 3-15 s on every
+# forked rank of every run (as camplib.parallel.pipeline_run says). Imported here, in the launching
+# process, the ranks inherit them.
 
 
 def _hybrid_rank(rank, world_size, spec, data, steps, shape, m, hyper, schedule, timeout, start=0, resume=None,
