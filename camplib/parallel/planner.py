@@ -26,6 +26,8 @@ formula's.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import itertools
 
 import torch
@@ -45,13 +47,34 @@ REPLICATED = ("ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "ln_f.weight",
 _SHAPES: dict[str, dict[str, tuple[int, ...]]] = {}
 
 
+@contextlib.contextmanager
+def _no_init():
+    """Initialisers as no-ops: only shapes are read, and on the meta device torch runs them
+    through its reference decompositions, whose first use imports for seconds."""
+    names = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
+    saved = {n: getattr(torch.nn.init, n) for n in names}
+    try:
+        for n in names:
+            setattr(torch.nn.init, n, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(torch.nn.init, n, fn)
+
+
 def _dense_counts(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
     """{name: shape} of GPT(cfg)'s parameters, from a meta-device model (no memory; cached)."""
     key = repr(cfg)
     if key not in _SHAPES:
-        with torch.device("meta"):
-            model = GPT(cfg)
-        _SHAPES[key] = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        with torch.device("meta"), _no_init():   # one block is enough: every block has the same parameters
+            model = GPT(dataclasses.replace(cfg, n_layer=1))
+        shapes = {}
+        for n, p in model.named_parameters():
+            if n.startswith("blocks.0."):
+                shapes.update({f"blocks.{i}.{n[len('blocks.0.'):]}": tuple(p.shape) for i in range(cfg.n_layer)})
+            else:
+                shapes[n] = tuple(p.shape)
+        _SHAPES[key] = shapes
     return _SHAPES[key]
 
 
