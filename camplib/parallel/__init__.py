@@ -11,6 +11,8 @@ Library (what a finished lab leaves behind):
 - `pipeline_schedule`, `pipeline`, `pipeline_comm`: pipeline parallelism (GPipe, 1F1B and
   interleaved 1F1B as per-rank action lists with a checker and a simulator; camplib's GPT cut
   into stages and a step loop running any schedule; tagged sends and receives) (lab a04).
+- `mesh`, `context`, `hybrid`: a named DP/PP/CP/TP process-group mesh; ring attention (context
+  parallelism, zig-zag split, forward and backward); camplib's GPT trained on DP x PP x TP (lab a05).
 - `compression`: fp16/int8 quantized ring all-reduce, top-k with error feedback (lab a02).
 - `model_specs`: models described by plain dicts (MLP, GPT), rebuilt identically on every rank.
 - `reference`: one process on the full batch, the answer N ranks must reproduce, and the one
@@ -22,6 +24,8 @@ camplib.dist.on_ranks; the library modules above never import them):
 - `zero_run`: `train_zero_on_ranks`, `train_optimizer_on_ranks`, `gradient_shards_on_ranks`.
 - `compression_run`: `compression_loss_curves`.
 - `tensor_run`: `run_split_gpt` (the split GPT's logits, loss and gradients, joined back).
+- `context_run`: `run_ring_attention` (forward and backward, joined), `run_ring_forward` (lab a05).
+- `hybrid_run`: `train_hybrid` (loss curve, joined dense parameters, bytes per rank).
 - `pipeline_run`: `run_pipeline` / `run_pipeline_spec` (loss, gradients by dense name, peak
   micro-batches in flight and the recorded actions of a p-rank pipeline).
 

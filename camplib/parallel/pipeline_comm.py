@@ -27,12 +27,14 @@ FORWARD, BACKWARD = 0, 1
 
 
 class PipelineComm:
-    """Sends and receives of one rank. Stage s lives on rank s % p. `shape` and `dtype` are an
-    activation's (micro-batch, time, d_model): receivers allocate them."""
+    """Sends and receives of one rank. Stage s lives on pipeline rank s % p. `shape` and `dtype`
+    are an activation's (micro-batch, time, d_model): receivers allocate them. `ranks` maps
+    pipeline ranks to global ranks (a pipeline group of a 4D mesh); by default they are equal."""
 
     def __init__(self, rank: int, p: int, n_stages: int, shape: tuple[int, ...], dtype: torch.dtype,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, ranks: list[int] | None = None):
         self.rank, self.p, self.n_stages = rank, p, n_stages
+        self.ranks = list(ranks) if ranks is not None else list(range(p))
         self.shape, self.dtype, self.timeout = tuple(shape), dtype, timeout
         self.pending: list = []                            # isend handles, waited in finish()
         self.mailbox: dict[int, torch.Tensor] = {}         # tag -> tensor, between stages of this rank
@@ -47,7 +49,7 @@ class PipelineComm:
         if dst == self.rank:
             self.mailbox[tag] = tensor.clone()
             return
-        self.pending.append(dist.isend(tensor, dst, tag=tag))
+        self.pending.append(dist.isend(tensor, self.ranks[dst], tag=tag))
         self.bytes_sent += tensor.numel() * tensor.element_size()
 
     def _recv(self, stage: int, from_stage: int, mb: int, direction: int) -> torch.Tensor:
@@ -60,7 +62,7 @@ class PipelineComm:
                                    "schedule runs an action before the one it depends on")
             return self.mailbox.pop(tag)
         buf = torch.empty(self.shape, dtype=self.dtype)
-        work = dist.irecv(buf, src, tag=tag)
+        work = dist.irecv(buf, self.ranks[src], tag=tag)
         try:
             work.wait(timedelta(seconds=self.timeout))
         except RuntimeError as exc:

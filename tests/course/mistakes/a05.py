@@ -1,0 +1,28 @@
+"""Typical mistakes in lab a05: each must lose exactly its exercise's points, with a message
+that helps (graded by tests/course/test_labs.py)."""
+from autograder.course.reference import solution_cells
+from tests.course.mistakes import Mistake
+
+
+def _edit(grade_id: str, old: str, new: str):
+    def source() -> str:
+        code = solution_cells("a05")[grade_id]
+        assert old in code, f"a05 {grade_id}: the reference solution no longer contains {old!r}"
+        return code.replace(old, new)
+    return source
+
+
+MISTAKES = [
+    # column-major: the FIRST dimension of order varies fastest (dp neighbours instead of tp)
+    Mistake("mesh", _edit("mesh", "for dim in reversed(order):", "for dim in order:"), 2, "row-major"),
+    # the "strided" split: chunks rank and rank + cp (every position once, but the work is unbalanced)
+    Mistake("zigzag", _edit("zigzag", "first, second = rank, 2 * cp - 1 - rank", "first, second = rank, rank + cp"),
+            2, "2cp-1-rank"),
+    # ring attention without the causal offset between shards: a lower-triangular mask on local indices
+    Mistake("causal_block", _edit("causal_block", "mask = q_pos[:, None] >= k_pos[None, :]",
+                                  "mask = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool).tril()"),
+            3, "GLOBAL positions"),
+    # partial softmaxes merged with the running max instead of the log-sum-exp of both denominators
+    Mistake("ring_forward", _edit("ring_forward", "new_lse = torch.logaddexp(lse, block_lse)",
+                                  "new_lse = torch.maximum(lse, block_lse)"), 4, "log-sum-exp"),
+]
