@@ -25,9 +25,10 @@ class FusedSwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh):
         a, b = ctx.saved_tensors
-        s = torch.sigmoid(a)                                  # recomputed
-        da = dh * b * s * (1 + a * (1 - s)) if ctx.needs_input_grad[0] else None
-        db = dh * a * s if ctx.needs_input_grad[1] else None
+        # da = (dh * b) * s * (1 + a (1 - s)): torch's own silu_backward kernel computes exactly
+        # that in one pass (the formula spelled out costs ~7 element-wise passes on the CPU)
+        da = torch.ops.aten.silu_backward(dh * b, a) if ctx.needs_input_grad[0] else None
+        db = dh * torch.nn.functional.silu(a) if ctx.needs_input_grad[1] else None   # silu(a) recomputed
         return da, db
 
 
