@@ -6,8 +6,10 @@ on `torch.nn.functional.scaled_dot_product_attention`, so what students build is
 Tensors follow torch's layout: (batch, heads, time, features).
 
 `attend` picks one of three backends that compute the same function: "math" (this file, the
-default), "flash" (camplib.kernels.flash, lab a09: tiled, O(N) memory, key-padding masks only)
-and "sdpa" (torch's fused kernel, the fast one). `GPTConfig.attention` selects it for a model.
+default of `attend` and `MultiHeadAttention`), "flash" (camplib.kernels.flash, lab a09: tiled,
+O(N) memory, key-padding masks only) and "sdpa" (torch's fused kernel, the fast one).
+`GPTConfig.attention` selects it for a model and defaults to "sdpa" (training speed); pass
+attention="math" to run the model on exactly what b01 builds.
 """
 from __future__ import annotations
 
@@ -136,7 +138,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.T
         else:
             attn_mask = torch.where(causal, attn_mask, float("-inf"))
     if backend == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p)
+        if attn_mask.dtype == torch.bool:
+            # a query that may attend to nothing (left padding) gets zeros, as "math" gives: torch's
+            # CPU kernel does so, some GPU kernels give NaN there (and a NaN in a pad position's
+            # values would reach real queries through 0 * NaN in the next layer)
+            out = out.masked_fill(~attn_mask.any(dim=-1, keepdim=True), 0.0)
+        return out
     return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p)
 
 
