@@ -9,9 +9,9 @@ from camplib.profiling import flops_per_token, format_table, mfu, profile_step
 
 def test_profile_of_a_gpt_training_step_lists_its_costly_operators():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=64, n_layer=2, d_model=64, n_head=4, max_seq_len=32))
+    model = GPT(GPTConfig(vocab_size=64, n_layer=1, d_model=32, n_head=2, max_seq_len=16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randint(0, 64, (2, 32))
+    x = torch.randint(0, 64, (2, 16))
 
     def step():
         _, loss = model(x[:, :-1], x[:, 1:])
@@ -19,13 +19,18 @@ def test_profile_of_a_gpt_training_step_lists_its_costly_operators():
         loss.backward()
         opt.step()
 
-    rows = profile_step(step, warmup=1, top=8)
-    assert len(rows) == 8
+    rows = profile_step(step, warmup=1, top=1000)   # every operator: which ones lead depends on the machine's load
     assert [r.self_ms for r in rows] == sorted((r.self_ms for r in rows), reverse=True), "not sorted by self time"
     names = {r.name for r in rows}
-    assert names & {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"}, f"no matmul among {names}"
-    table = format_table(rows)
+    assert names & {"aten::mm", "aten::addmm", "aten::bmm"}, f"no matmul among {sorted(names)}"
+    assert any("AdamW" in n for n in names), f"the optimizer step is missing from {sorted(names)}"
+    table = format_table(rows[:8])
     assert table.splitlines()[0].startswith("operator") and len(table.splitlines()) == 9
+
+
+def test_top_limits_the_rows():
+    rows = profile_step(lambda: torch.ones(64).add(1).mul(2).sum(), warmup=0, top=2)
+    assert len(rows) == 2, f"top=2 gave {len(rows)} rows"
 
 
 def test_flops_per_token_and_mfu_by_hand():
