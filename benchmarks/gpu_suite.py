@@ -202,6 +202,9 @@ def main() -> int:
 
     rows, env = [], dict(os.environ)
     env.pop("TRITON_INTERPRET", None)   # compiled Triton, not the interpreter
+    # CUDA checks by NVML, which does not initialise CUDA: a process that initialised it cannot
+    # fork NCCL ranks (camplib.dist.launch forks)
+    env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     camp = str(Path(sys.executable).parent / "camp")
     suite_start = time.perf_counter()
     if "labs" not in args.skip:
@@ -209,7 +212,8 @@ def main() -> int:
             for lab in ready_labs():
                 ok, secs, stdout, stderr = _child([camp, "run", lab, "--profile", "gpu", "--out", out],
                                                   args.lab_timeout, env)
-                tail = (stdout.strip().splitlines() or [""])[-1] if ok else (stderr or stdout).strip()[-300:]
+                row = next((l for l in stdout.splitlines() if l.split()[:1] == [lab]), "")   # camp run's table row
+                tail = row if ok else (row + " " + (stderr or stdout).strip()[-300:])
                 rows.append((f"lab:{lab}", ok, secs, " ".join(tail.split())))
     for name in CHECKS:
         if name in args.skip:
@@ -226,6 +230,9 @@ def main() -> int:
             result = json.loads(line[len(RESULT):])
             rows.append((name, ok and result["ok"], secs, result["detail"]))
 
+    if not rows:
+        print("gpu_suite: every check was skipped: nothing checked", file=sys.stderr)
+        return 1
     width = max(len(r[0]) for r in rows)
     print(f"{'check':<{width}}  {'result':<6}  {'seconds':>7}  detail")
     for name, ok, secs, detail in rows:
