@@ -1,8 +1,10 @@
 """Attention from scratch: softmax, masks, scaled dot-product attention, a KV cache and
 multi-head / grouped-query attention.
 
-This is the course's reference code (lab b01); the model in `camplib.model` runs on it rather than
-on `torch.nn.functional.scaled_dot_product_attention`, so what students build is what runs.
+This is the course's reference code (lab b01): what students build, proven equal to
+`torch.nn.functional.scaled_dot_product_attention`. `camplib.model`'s GPT trains on torch's fused
+kernel by default (speed) and on this code with `GPTConfig(attention="math")`; both give the same
+numbers (tests/camplib/test_attention_backends.py).
 Tensors follow torch's layout: (batch, heads, time, features).
 
 `attend` picks one of three backends that compute the same function: "math" (this file, the
