@@ -1,23 +1,36 @@
-"""Training throughput (tokens/s) of camplib's GPT vs transformers' GPT2LMHeadModel on CPU.
+"""Training throughput (tokens/s) of camplib's GPT vs transformers' GPT2LMHeadModel and
+LlamaForCausalLM, in every configuration of the default run, side by side in one run.
 
-Both models get the same config and the same weights (ours is converted from the HF one), the
-same byte-level batches of real text (the Python standard library's source), the same AdamW
-and the same loss computed the same way from the logits, so the only difference is the model
-code. Runs alternate between the two models (ours, HF, ours, HF...) so that load from other
-processes on a shared machine hits both alike; the median run is reported.
+Configurations: model family (GPT-2 style vs GPT2LMHeadModel, Llama style vs LlamaForCausalLM)
+x size (small, medium) x precision (fp32, bf16 autocast) x transformers' attention kernel
+(eager, sdpa). camplib's GPT runs with its default attention backend ("sdpa", torch's fused
+kernel; `--ours-attention math` shows the from-scratch path b01 teaches). Both models get the
+same config and the same weights (ours is converted from the HF one), the same byte-level
+batches of real text (the Python standard library's source), the same AdamW and the same loss
+computed the same way from the logits, so the only difference is the model code. Both run
+eagerly (`--compile` compiles both). Runs alternate (ours, HF, ours, HF...) so that load from
+other processes on a shared machine hits both alike; the median run is reported, and the ratio
+camplib / transformers per configuration. CUDA when present (synchronised around timings; bf16
+only where the GPU supports it), else the CPU.
 
-    .venv/bin/python benchmarks/train_throughput.py [--threads 1] [--steps 10] [--attn eager|sdpa]
+    .venv/bin/python benchmarks/train_throughput.py [--threads 1] [--steps 4] [--repeats 3]
+        [--family gpt2 llama] [--size small medium] [--precision fp32 bf16] [--attn eager sdpa]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+import sys
 import sysconfig
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+SIZES = {"small": dict(d=128, layers=2, heads=4), "medium": dict(d=256, layers=4, heads=8)}
 
 
 def stdlib_bytes(n_bytes: int) -> torch.Tensor:
@@ -38,20 +51,79 @@ def batches(data: torch.Tensor, batch: int, seq: int, n: int, seed: int = 0):
         yield chunk[:, :-1], chunk[:, 1:]
 
 
-def train_steps(logits_fn, params, data, args, seed) -> tuple[float, float]:
-    """warm-up + timed AdamW steps; returns (tokens/s over the timed steps, first loss)."""
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_steps(logits_fn, params, data, args, seed, device, precision) -> tuple[float, float]:
+    """warm-up + timed AdamW steps; returns (tokens/s over the timed steps, first loss).
+    --clock process counts this process's CPU time instead of wall time: on a shared CPU the
+    time other processes hold the cores is then not charged to either model (single thread)."""
+    clock = time.process_time if args.clock == "process" else time.perf_counter
     opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1)
     first_loss, start = None, None
+    cast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
     for step, (x, y) in enumerate(batches(data, args.batch, args.seq, args.warmup + args.steps, seed)):
         if step == args.warmup:
-            start = time.perf_counter()
-        logits = logits_fn(x)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+            sync(device)
+            start = clock()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with cast():
+            logits = logits_fn(x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         first_loss = loss.item() if first_loss is None else first_loss
-    return args.steps * args.batch * args.seq / (time.perf_counter() - start), first_loss
+    sync(device)
+    return args.steps * args.batch * args.seq / (clock() - start), first_loss
+
+
+def hf_model(family: str, size: str, attn: str, seq: int):
+    """A fresh transformers model of the family and size (seeded: every call, the same weights)."""
+    import transformers
+
+    s = SIZES[size]
+    torch.manual_seed(0)
+    if family == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=256, n_positions=seq, n_embd=s["d"], n_layer=s["layers"],
+                                      n_head=s["heads"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                      bos_token_id=None, eos_token_id=None, attn_implementation=attn)
+        return transformers.GPT2LMHeadModel(cfg)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=s["d"], intermediate_size=int(8 / 3 * s["d"]) // 16 * 16,
+                                   num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
+                                   num_key_value_heads=s["heads"] // 2, max_position_embeddings=seq,
+                                   bos_token_id=None, eos_token_id=None, pad_token_id=None, attn_implementation=attn)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def ours_from(hf, attention: str):
+    """camplib's GPT with hf's weights and the chosen attention backend."""
+    from camplib.hf import config_from_hf, from_hf
+    from camplib.model import GPT
+
+    model = GPT(replace(config_from_hf(hf.config), attention=attention)).to(next(hf.parameters()).device)
+    model.load_state_dict(from_hf(hf).state_dict())
+    return model
+
+
+def run_config(family, size, precision, attn, data, args, device) -> dict:
+    runs = {"camplib": [], "transformers": []}
+    losses = {}
+    for r in range(args.repeats):   # fresh models each run, so every run trains from the same start
+        for name in runs:
+            hf = hf_model(family, size, attn, args.seq).to(device)
+            model = ours_from(hf, args.ours_attention) if name == "camplib" else hf
+            model.train()
+            fn = (lambda x, m=model: m(x)[0]) if name == "camplib" else (lambda x, m=model: m(input_ids=x).logits)
+            if args.compile:
+                fn = torch.compile(fn)
+            tok_s, loss0 = train_steps(fn, model.parameters(), data, args, r, device, precision)
+            runs[name].append(tok_s)
+            losses.setdefault(name, loss0)
+    med = {name: statistics.median(v) for name, v in runs.items()}
+    return dict(med=med, runs=runs, losses=losses, ratio=med["camplib"] / med["transformers"])
 
 
 def main():
@@ -59,52 +131,51 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--attn", default="eager", choices=["eager", "sdpa"],
-                        help="HF attention kernel: eager (plain matmuls, like ours) or torch SDPA")
+    parser.add_argument("--family", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
+    parser.add_argument("--size", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--attn", nargs="+", default=["eager", "sdpa"], choices=["eager", "sdpa"],
+                        help="transformers' attention kernel(s)")
+    parser.add_argument("--ours-attention", default="sdpa", choices=["math", "flash", "sdpa"])
+    parser.add_argument("--clock", default="wall", choices=["wall", "process"],
+                        help="wall time, or this process's CPU time (CPU only, for shared machines)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile both models' forward")
+    parser.add_argument("--goal", type=float, default=None, help="exit 1 when a ratio is below (default 1.2, 1.0 compiled)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-
-    import transformers
-
-    from camplib.hf import from_hf
-
-    torch.manual_seed(0)
-    hf_cfg = transformers.GPT2Config(vocab_size=256, n_positions=args.seq, n_embd=256, n_layer=4, n_head=4,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None,
-                                     attn_implementation=args.attn)
-    hf = transformers.GPT2LMHeadModel(hf_cfg).train()
-    ours = from_hf(hf).train()  # same weights, copied (the two models train independently)
+    goal = args.goal if args.goal is not None else (1.0 if args.compile else 1.2)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    elif args.clock == "process":
+        parser.error("--clock process measures CPU time: use it on the CPU only")
+    precisions = [p for p in args.precision
+                  if p == "fp32" or device.type == "cpu" or torch.cuda.is_bf16_supported()]
     data = stdlib_bytes(2_000_000)
-    print(f"GPT-2 style, {ours.num_parameters() / 1e6:.2f}M parameters; batch {args.batch} x seq {args.seq}, "
-          f"{args.warmup} warm-up + {args.steps} timed AdamW steps, {args.threads} thread(s), HF attention "
-          f"{args.attn}, median of {args.repeats} alternating runs")
-
-    runs = {"camplib": [], "transformers": []}
-    first_losses = {}
-    for r in range(args.repeats):  # fresh copies each run, so every run trains from the same start
-        for name in runs:
-            model = from_hf(hf).train() if name == "camplib" else transformers.GPT2LMHeadModel(hf_cfg)
-            if name == "transformers":
-                model.load_state_dict(hf.state_dict())
-                model.train()
-                fn = lambda x, m=model: m(input_ids=x).logits
-            else:
-                fn = lambda x, m=model: m(x)[0]
-            tok_s, loss0 = train_steps(fn, model.parameters(), data, args, seed=r)
-            runs[name].append(tok_s)
-            first_losses.setdefault(name, loss0)
-    del ours
-
-    med = {name: statistics.median(v) for name, v in runs.items()}
-    print(f"first-step loss (same weights, same batch): camplib {first_losses['camplib']:.6f}, "
-          f"transformers {first_losses['transformers']:.6f}")
-    for name, v in runs.items():
-        print(f"{name:>12}: {med[name]:8.0f} tokens/s   (runs: {', '.join(f'{t:.0f}' for t in v)})")
-    print(f"ratio camplib / transformers: {med['camplib'] / med['transformers']:.2f} (goal >= 1.0)")
+    print(f"{device.type}, {args.threads if device.type == 'cpu' else 1} thread(s); batch {args.batch} x seq {args.seq}, "
+          f"{args.warmup} warm-up + {args.steps} timed AdamW steps, median of {args.repeats} alternating runs; "
+          f"camplib attention {args.ours_attention!r}; {'torch.compile' if args.compile else 'eager'} on both sides; "
+          f"{args.clock} clock")
+    for size, s in SIZES.items():
+        if size in args.size:
+            print(f"  {size}: d_model {s['d']}, {s['layers']} layers, {s['heads']} heads (Llama: {s['heads'] // 2} kv heads)")
+    print(f"{'model':<18} {'size':<7} {'prec':<5} {'HF attn':<8} {'camplib tok/s':>13} {'HF tok/s':>9} {'ratio':>6}  first losses")
+    ratios = []
+    for family in args.family:
+        for size in args.size:
+            for precision in precisions:
+                for attn in args.attn:
+                    res = run_config(family, size, precision, attn, data, args, device)
+                    ratios.append(res["ratio"])
+                    name = "GPT2LMHeadModel" if family == "gpt2" else "LlamaForCausalLM"
+                    print(f"{name:<18} {size:<7} {precision:<5} {attn:<8} {res['med']['camplib']:13.0f} "
+                          f"{res['med']['transformers']:9.0f} {res['ratio']:6.2f}  "
+                          f"{res['losses']['camplib']:.4f} / {res['losses']['transformers']:.4f}", flush=True)
+    print(f"lowest ratio camplib / transformers: {min(ratios):.2f} (goal >= {goal})")
+    return 0 if min(ratios) >= goal else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,13 +1,17 @@
 """Attention from scratch: softmax, masks, scaled dot-product attention, a KV cache and
 multi-head / grouped-query attention.
 
-This is the course's reference code (lab b01); the model in `camplib.model` runs on it rather than
-on `torch.nn.functional.scaled_dot_product_attention`, so what students build is what runs.
+This is the course's reference code (lab b01): what students build, proven equal to
+`torch.nn.functional.scaled_dot_product_attention`. `camplib.model`'s GPT trains on torch's fused
+kernel by default (speed) and on this code with `GPTConfig(attention="math")`; both give the same
+numbers (tests/camplib/test_attention_backends.py).
 Tensors follow torch's layout: (batch, heads, time, features).
 
 `attend` picks one of three backends that compute the same function: "math" (this file, the
-default), "flash" (camplib.kernels.flash, lab a09: tiled, O(N) memory, key-padding masks only)
-and "sdpa" (torch's fused kernel, the fast one). `GPTConfig.attention` selects it for a model.
+default of `attend` and `MultiHeadAttention`), "flash" (camplib.kernels.flash, lab a09: tiled,
+O(N) memory, key-padding masks only) and "sdpa" (torch's fused kernel, the fast one).
+`GPTConfig.attention` selects it for a model and defaults to "sdpa" (training speed); pass
+attention="math" to run the model on exactly what b01 builds.
 """
 from __future__ import annotations
 
@@ -121,12 +125,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.T
             raise ValueError("attention backend 'flash' has no dropout: use backend='math' or 'sdpa' with dropout")
         kpm = None if attn_mask is None else _key_padding_mask(attn_mask, B, S)
         return flash_attention(q, k, v, is_causal=is_causal, key_padding_mask=kpm)
-    if Hkv != H:  # query head h reads kv head h // (H // Hkv) (sdpa's enable_gqa needs torch >= 2.5)
+    gqa = {}
+    if Hkv != H and backend == "sdpa" and q.device.type == "cpu":
+        # torch's CPU kernel reads kv head h // (H // Hkv) itself: no copies of k and v (measured
+        # ~20% less attention time). Not used on CUDA: which GPU kernels take enable_gqa depends
+        # on the torch version, and an unsupported one falls back to the slow math kernel.
+        gqa = {"enable_gqa": True}
+    elif Hkv != H:  # query head h reads kv head h // (H // Hkv)
         k = k.repeat_interleave(H // Hkv, dim=1)
         v = v.repeat_interleave(H // Hkv, dim=1)
     if backend == "sdpa" and attn_mask is None and (not is_causal or T == S):
         # no mask to build: torch's own flags pick its fastest kernel (top-left causal == bottom-right when T == S)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, dropout_p=dropout_p, **gqa)
     if is_causal:
         causal = causal_mask(T, S, device=q.device)
         if attn_mask is None:
@@ -136,7 +146,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.T
         else:
             attn_mask = torch.where(causal, attn_mask, float("-inf"))
     if backend == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p, **gqa)
+        if attn_mask.dtype == torch.bool:
+            # a query that may attend to nothing (left padding) gets zeros, as "math" gives: torch's
+            # CPU kernel does so, some GPU kernels give NaN there (and a NaN in a pad position's
+            # values would reach real queries through 0 * NaN in the next layer)
+            out = out.masked_fill(~attn_mask.any(dim=-1, keepdim=True), 0.0)
+        return out
     return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p)
 
 

@@ -162,12 +162,16 @@ def flash_backward(q, k, v, o, lse, do, *, scale, is_causal, key_padding_mask, b
 
 
 class FlashAttention(torch.autograd.Function):
-    """Autograd saves q, k, v, O and lse, never a tile: backward recomputes them."""
+    """Autograd saves q, k, v, O and lse, never a tile: backward recomputes them.
+
+    `forward_kernel` computes (O, lse) with flash_forward's keyword arguments; it is the one
+    thing that differs between implementations (flash_forward here, the Triton kernel in
+    camplib.kernels.triton_flash). Whatever produced the lse, backward is flash_backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_padding_mask, is_causal, scale, block_q, block_k):
-        o, lse = flash_forward(q, k, v, scale=scale, is_causal=is_causal, key_padding_mask=key_padding_mask,
-                               block_q=block_q, block_k=block_k)
+    def forward(ctx, q, k, v, key_padding_mask, is_causal, scale, block_q, block_k, forward_kernel=flash_forward):
+        o, lse = forward_kernel(q, k, v, scale=scale, is_causal=is_causal, key_padding_mask=key_padding_mask,
+                                block_q=block_q, block_k=block_k)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.key_padding_mask = key_padding_mask   # bool mask, no gradient: kept as is
         ctx.settings = dict(scale=scale, is_causal=is_causal, block_q=block_q, block_k=block_k)
@@ -177,7 +181,7 @@ class FlashAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = flash_backward(q, k, v, o, lse, do, key_padding_mask=ctx.key_padding_mask, **ctx.settings)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,

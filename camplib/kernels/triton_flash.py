@@ -3,8 +3,9 @@ for the hardware. One program (a GPU thread block) owns one tile of `block_q` qu
 (batch, head); it streams the key/value tiles through on-chip memory, keeps the running max, sum
 and output in registers, and writes O and the log-sum-exp once. The N x N scores never reach HBM.
 
-Backward is `camplib.kernels.flash.flash_backward` (PyTorch tiles, recomputing P from the lse this
-kernel saved): the same numbers, without the speed of a fused backward kernel.
+Autograd goes through `camplib.kernels.flash.FlashAttention` with this kernel as its forward, so
+backward is `flash_backward` (PyTorch tiles, recomputing P from the lse this kernel saved): the
+same numbers, without the speed of a fused backward kernel.
 
 Where it runs:
 - with CUDA, compiled (q, k, v on the GPU; fp16, bf16, fp32 with IEEE fp32 dot products, not TF32);
@@ -21,7 +22,7 @@ import os
 
 import torch
 
-from camplib.kernels.flash import check_inputs, flash_backward
+from camplib.kernels.flash import FlashAttention, check_inputs
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")   # read when @triton.jit decorates below
@@ -33,7 +34,7 @@ except ImportError as exc:  # not on Linux, or not installed
 else:
     _IMPORT_ERROR = None
 
-__all__ = ["triton_available", "triton_flash_attention", "TritonFlashAttention", "triton_flash_forward"]
+__all__ = ["triton_available", "triton_flash_attention", "triton_flash_forward"]
 
 GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -131,25 +132,6 @@ def triton_flash_forward(q, k, v, *, scale, is_causal, key_padding_mask, block_q
     return o, lse
 
 
-class TritonFlashAttention(torch.autograd.Function):
-    """Triton forward; backward recomputes the tiles in PyTorch from the saved lse."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, key_padding_mask, is_causal, scale, block_q, block_k):
-        o, lse = triton_flash_forward(q, k, v, scale=scale, is_causal=is_causal, key_padding_mask=key_padding_mask,
-                                      block_q=block_q, block_k=block_k)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.key_padding_mask = key_padding_mask
-        ctx.settings = dict(scale=scale, is_causal=is_causal, block_q=block_q, block_k=block_k)
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_backward(q, k, v, o, lse, do, key_padding_mask=ctx.key_padding_mask, **ctx.settings)
-        return dq, dk, dv, None, None, None, None, None
-
-
 def triton_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
                            key_padding_mask: torch.Tensor | None = None, scale: float | None = None,
                            block_q: int = 64, block_k: int = 64) -> torch.Tensor:
@@ -157,4 +139,4 @@ def triton_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     Block sizes are powers of two >= 16; head_dim up to 256 (padded to a power of two)."""
     check_inputs(q, k, v, key_padding_mask, block_q, block_k)
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else float(scale)
-    return TritonFlashAttention.apply(q, k, v, key_padding_mask, bool(is_causal), scale, block_q, block_k)
+    return FlashAttention.apply(q, k, v, key_padding_mask, bool(is_causal), scale, block_q, block_k, triton_flash_forward)

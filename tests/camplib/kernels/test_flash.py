@@ -139,3 +139,24 @@ def test_non_contiguous_inputs_give_the_same_numbers():
     assert not qt.is_contiguous() or q.size(1) == 1
     assert_close("out", flash_attention(qt, k, v, is_causal=is_causal, key_padding_mask=kpm),
                  flash_attention(q, k, v, is_causal=is_causal, key_padding_mask=kpm), atol=0, rtol=0)
+
+
+def test_one_function_whatever_computes_the_forward():
+    """FlashAttention takes the forward kernel as an argument (the Triton kernel passes its own);
+    backward is always flash_backward, fed by the lse that kernel returned."""
+    from camplib.kernels.flash import FlashAttention, flash_forward
+    calls = []
+
+    def recording_forward(*args, **kwargs):
+        calls.append(kwargs["block_q"])
+        return flash_forward(*args, **kwargs)
+
+    q, k, v, is_causal, kpm = random_case(4, torch.float64)
+    grad_out = torch.randn(q.shape[:-1] + (v.size(-1),), dtype=torch.float64)
+    scale = q.size(-1) ** -0.5
+    mine = outputs_and_grads(lambda q, k, v: FlashAttention.apply(q, k, v, kpm, is_causal, scale, 8, 8,
+                                                                  recording_forward), q, k, v, grad_out)
+    ref = outputs_and_grads(lambda q, k, v: sdpa_reference(q, k, v, is_causal, kpm), q, k, v, grad_out)
+    assert calls == [8], f"the given forward kernel was called {calls}"
+    for name, a, e in zip(["out", "dq", "dk", "dv"], mine, ref):
+        assert_close(f"{name} (custom forward kernel)", a, e, **TOL[torch.float64])
