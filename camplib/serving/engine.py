@@ -86,42 +86,42 @@ class Engine:
         """Run one scheduling + decoding iteration; the sequences that got a token."""
         with self.lock:
             prefill, decode = self.scheduler.schedule()
-            if self.metrics is not None:
-                self.metrics._(self.metrics.prompt_tokens).inc(sum(len(s) for s in prefill))
-            rows, logits = [], []
-            if decode:
-                logits.append(self._decode(decode))
-                rows += decode
-            for seq in prefill:
-                logits.append(self._prefill(seq))
-                rows.append(seq)
+            # the block tables are read here, under the lock; the forward runs without it, so
+            # the event loop can add or abort requests meanwhile (an abort frees blocks only
+            # schedule() hands out again, on this thread)
+            work = ([(decode, self._decode_inputs(decode))] if decode else []) + \
+                   [([s], self._prefill_inputs(s)) for s in prefill]
+        if self.metrics is not None:
+            self.metrics._(self.metrics.prompt_tokens).inc(sum(len(s) for s in prefill))
+        rows = [s for seqs, _ in work for s in seqs]
+        logits = [paged_forward(self.model, self.pool, *inputs) for _, inputs in work]
+        with self.lock:
             if rows:
                 self._sample_and_finish(rows, torch.cat(logits))
             self.steps += 1
             if self.metrics is not None:
                 self.metrics.on_step(len(self.scheduler.running), len(self.scheduler.waiting),
                                      self.blocks.blocks_in_use, self.blocks.num_blocks, self.bytes_per_block)
-            return rows
+        return rows
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
-    def _prefill(self, seq: Sequence) -> torch.Tensor:
+    def _prefill_inputs(self, seq: Sequence) -> tuple:
+        """All tokens of a newly admitted sequence, written to the blocks it was given."""
         n = len(seq)
         blocks, slots = zip(*self.blocks.slots(seq.id, 0, n))
-        return paged_forward(self.model, self.pool, self._tensor([seq.tokens]), self._tensor([list(range(n))]),
-                             self._tensor(blocks), self._tensor(slots))
+        return (self._tensor([seq.tokens]), self._tensor([list(range(n))]), self._tensor(blocks), self._tensor(slots))
 
-    def _decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """The newest token of each sequence (its slot reserved by the scheduler) in one batch."""
+    def _decode_inputs(self, seqs: list[Sequence]) -> tuple:
+        """The newest token of each sequence (its slot reserved by the scheduler), one batch."""
         last = [self.blocks.slots(s.id, len(s) - 1, len(s))[0] for s in seqs]
         tables = [self.blocks.tables[s.id] for s in seqs]
         width = max(len(t) for t in tables)
         padded = [t + [t[0]] * (width - len(t)) for t in tables]
-        return paged_forward(self.model, self.pool, self._tensor([[s.tokens[-1]] for s in seqs]),
-                             self._tensor([[len(s) - 1] for s in seqs]), self._tensor([b for b, _ in last]),
-                             self._tensor([s for _, s in last]), self._tensor(padded),
-                             self._tensor([len(s) for s in seqs]))
+        return (self._tensor([[s.tokens[-1]] for s in seqs]), self._tensor([[len(s) - 1] for s in seqs]),
+                self._tensor([b for b, _ in last]), self._tensor([s for _, s in last]), self._tensor(padded),
+                self._tensor([len(s) for s in seqs]))
 
     def _sample_and_finish(self, rows: list[Sequence], logits: torch.Tensor) -> None:
         greedy = [i for i, s in enumerate(rows) if s.params.temperature == 0]
@@ -135,6 +135,8 @@ class Engine:
                 chosen[i] = int(sample(logits[i:i + 1].float().cpu(), p.temperature, p.top_k, p.top_p, s.generator))
         now = time.monotonic()
         for seq, tok in zip(rows, chosen):
+            if seq.finished:
+                continue   # aborted while the forward ran
             seq.output.append(tok)
             if self.metrics is not None:
                 self.metrics.on_token(now, seq.arrival, seq.last_token_time)
