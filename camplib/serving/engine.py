@@ -86,6 +86,11 @@ class Engine:
         """Run one scheduling + decoding iteration; the sequences that got a token."""
         with self.lock:
             prefill, decode = self.scheduler.schedule()
+            if not prefill and not decode and self.scheduler.waiting:
+                # nothing runs, yet the queue's head does not fit: a leak, not a busy server
+                raise RuntimeError(f"{len(self.scheduler.waiting)} requests wait but none can be admitted: "
+                                   f"{self.blocks.blocks_in_use} of {self.blocks.num_blocks} KV blocks are in use "
+                                   f"with no sequence running (blocks never freed?)")
             # the block tables are read here, under the lock; the forward runs without it, so
             # the event loop can add or abort requests meanwhile (an abort frees blocks only
             # schedule() hands out again, on this thread)

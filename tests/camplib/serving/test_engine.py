@@ -25,8 +25,8 @@ def _alone(model, prompt, n):
     return generate(model, torch.tensor([prompt]), n)[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("style", ["gpt2", "llama"])
-@pytest.mark.parametrize("num_blocks", [64, 14], ids=["roomy", "preempting"])
+@pytest.mark.parametrize("style, num_blocks", [("gpt2", 64), ("llama", 64), ("llama", 14)],
+                         ids=["gpt2", "llama", "llama-tight-pool"])
 def test_greedy_outputs_equal_unbatched_generate(style, num_blocks):
     model = _model(style)
     prompts = _prompts()

@@ -105,14 +105,14 @@ def test_disconnect_mid_stream_frees_slot_and_blocks(server, client):
 def test_request_storm_gets_429_and_the_server_keeps_serving(server, client):
     def one(_):
         try:
-            client.completions.create(model=MODEL, prompt="storm", max_tokens=60, temperature=0)
+            client.completions.create(model=MODEL, prompt="storm", max_tokens=100, temperature=0)
             return 200
         except openai.RateLimitError as exc:
             assert "retry later" in exc.body["message"]
             return 429
     with ThreadPoolExecutor(24) as pool:
         codes = list(pool.map(one, range(24)))
-    assert codes.count(429) >= 8, f"24 requests at once with 4 slots + 4 queued: {codes.count(429)} got 429"
+    assert sorted(set(codes)) <= [200, 429] and codes.count(429) >= 8, f"24 requests at once with 4 slots + 4 queued: {codes.count(429)} got 429"
     assert codes.count(200) >= 4, f"only {codes.count(200)} succeeded"
     assert client.completions.create(model=MODEL, prompt="after", max_tokens=3).usage.completion_tokens == 3
     assert server.health()["blocks_in_use"] == 0
@@ -137,7 +137,7 @@ def test_sigterm_finishes_the_requests_in_flight(served_checkpoint):
 
         def stream():
             with httpx.stream("POST", running.base + "/v1/completions", timeout=30,
-                              json={"model": MODEL, "prompt": "long", "max_tokens": 200, "stream": True}) as r:
+                              json={"model": MODEL, "prompt": "long", "max_tokens": 80, "stream": True}) as r:
                 for line in r.iter_lines():
                     if line.startswith("data:"):
                         events.append(line[5:].strip())
