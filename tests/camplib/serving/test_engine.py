@@ -88,3 +88,16 @@ def test_stop_token_sampling_and_limits():
         engine.add([], SamplingParams())
     usage = engine.kv_usage()
     assert usage["blocks_in_use"] == 0 and usage["pool_bytes"] == 2 * 2 * 32 * 8 * 32 * 4
+
+
+def test_bf16_model_gets_a_bf16_pool_and_reports_its_bytes():
+    """What the gpu profile would run (no GPU here): the pool follows the model's dtype and device,
+    so bf16 halves the bytes per block; decoding runs and frees its blocks."""
+    model = _model("llama")
+    fp32 = Engine(model, block_size=4, num_blocks=8)
+    bf16 = Engine(_model("llama").to(torch.bfloat16), block_size=4, num_blocks=8)
+    assert bf16.pool.k.dtype == torch.bfloat16 and bf16.pool.k.device == next(bf16.model.parameters()).device
+    assert 2 * bf16.bytes_per_block == fp32.bytes_per_block == 2 * 2 * 4 * 2 * 8 * 4   # k+v, layers, slots, kv heads, dim
+    assert bf16.kv_usage()["pool_bytes"] == 8 * bf16.bytes_per_block
+    out = bf16.generate(_prompts(lengths=(5, 9)), SamplingParams(max_tokens=6))
+    assert [len(o) for o in out] == [6, 6] and bf16.blocks.blocks_in_use == 0
