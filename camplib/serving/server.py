@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 import uuid
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -164,10 +164,11 @@ def create_app(served: ServedModel, engine: Engine) -> FastAPI:
 
         if not req.stream:
             text = []
-            async for tok in tokens(seq, queue, request):
-                text.append(detok.push(tok))
-                if detok.stopped:
-                    break
+            async with aclosing(tokens(seq, queue, request)) as stream:   # closing aborts a stopped sequence
+                async for tok in stream:
+                    text.append(detok.push(tok))
+                    if detok.stopped:
+                        break
             text.append(detok.flush())
             out = "".join(text)
             body = {"index": 0, "message": {"role": "assistant", "content": out}, "logprobs": None,
@@ -179,12 +180,13 @@ def create_app(served: ServedModel, engine: Engine) -> FastAPI:
             chunk = {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created, "model": served.name}
             if chat:
                 yield f"data: {json.dumps({**chunk, 'choices': [choice('', None, first=True)]})}\n\n"
-            async for tok in tokens(seq, queue, request):
-                delta = detok.push(tok)
-                if delta:
-                    yield f"data: {json.dumps({**chunk, 'choices': [choice(delta, None)]})}\n\n"
-                if detok.stopped:
-                    break
+            async with aclosing(tokens(seq, queue, request)) as stream:
+                async for tok in stream:
+                    delta = detok.push(tok)
+                    if delta:
+                        yield f"data: {json.dumps({**chunk, 'choices': [choice(delta, None)]})}\n\n"
+                    if detok.stopped:
+                        break
             yield f"data: {json.dumps({**chunk, 'choices': [choice(detok.flush(), reason())]})}\n\n"
             if req.stream_options and req.stream_options.include_usage:
                 yield f"data: {json.dumps({**chunk, 'choices': [], 'usage': usage()})}\n\n"

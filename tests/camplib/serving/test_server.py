@@ -157,3 +157,19 @@ def test_sigterm_finishes_the_requests_in_flight(served_checkpoint):
             httpx.get(running.base + "/health", timeout=2)
     finally:
         running.close()
+
+
+def test_stop_strings_end_the_text_and_the_sequence(server, client):
+    full = client.completions.create(model=MODEL, prompt=[65, 66, 67], max_tokens=24, temperature=0).choices[0].text
+    visible = full.replace("\ufffd", "")
+    stop = visible[len(visible) // 2]
+    expected = full[:full.index(stop)]
+    out = client.completions.create(model=MODEL, prompt=[65, 66, 67], max_tokens=24, temperature=0, stop=[stop])
+    assert out.choices[0].text == expected and out.choices[0].finish_reason == "stop", (full, stop)
+    streamed = client.completions.create(model=MODEL, prompt=[65, 66, 67], max_tokens=24, temperature=0,
+                                         stop=stop, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == expected
+    deadline = time.monotonic() + 5
+    while server.health()["blocks_in_use"]:
+        assert time.monotonic() < deadline, "a sequence ended by a stop string kept its KV blocks"
+        time.sleep(0.05)
