@@ -102,6 +102,7 @@ def main():
     try:
         for proc, base in servers.values():
             wait_up(base, proc)
+            asyncio.run(level(base, 4, 1, 4))   # warm-up: the first forward passes are slower
         rows = {name: [asyncio.run(level(base, c, args.requests_per_client, args.max_tokens)) for c in levels]
                 for name, (proc, base) in servers.items()}
     finally:
