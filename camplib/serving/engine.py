@@ -1,0 +1,175 @@
+"""The generation engine: continuous batching over camplib's GPT with a paged KV cache.
+
+`step()` is one iteration: the scheduler picks who runs; newly admitted sequences are prefilled
+(one forward each), every running sequence decodes one token together in one batched forward,
+each gets one sampled token, and finished ones leave and free their blocks. A request therefore
+joins the batch at the next step after it arrives and leaves the step it finishes, while the
+others keep decoding. Greedy outputs are the same tokens as `camplib.generate.generate` gives
+for each prompt alone (tests/camplib/serving/test_engine.py).
+
+Thread safety: `add`/`abort` may be called from other threads (the HTTP server's event loop)
+while one thread calls `step`; a lock guards the scheduler state.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from camplib.generate import sample
+from camplib.serving.block_manager import BlockManager
+from camplib.serving.kv_pool import PagedKVPool, pool_bytes_per_block
+from camplib.serving.metrics import ServingMetrics
+from camplib.serving.paged_model import paged_forward
+from camplib.serving.scheduler import Scheduler
+from camplib.serving.sequence import SamplingParams, Sequence, Status
+
+__all__ = ["Engine"]
+
+
+class Engine:
+    def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
+                 kv_cache_bytes: int | None = None, max_batch: int = 32, max_waiting: int = 256,
+                 max_prefill_tokens: int | None = None, metrics: ServingMetrics | None = None,
+                 scheduler_cls=Scheduler, block_manager_cls=BlockManager):
+        """The pool has num_blocks blocks, or as many as kv_cache_bytes holds, or by default
+        enough for max_batch sequences of max_seq_len tokens."""
+        self.model = model.eval()
+        cfg = self.config = model.config
+        p = model.tok_emb.weight
+        self.device, self.dtype = p.device, p.dtype
+        self.bytes_per_block = pool_bytes_per_block(cfg, block_size, self.dtype)
+        if num_blocks is None:
+            num_blocks = (kv_cache_bytes // self.bytes_per_block if kv_cache_bytes is not None
+                          else max_batch * -(-cfg.max_seq_len // block_size))
+        self.blocks = block_manager_cls(num_blocks, block_size)
+        self.pool = PagedKVPool(cfg, num_blocks, block_size, self.dtype, self.device)
+        self.scheduler = scheduler_cls(self.blocks, max_batch=max_batch, max_waiting=max_waiting,
+                                       max_prefill_tokens=max_prefill_tokens or cfg.max_seq_len)
+        self.metrics = metrics
+        self.lock = threading.Lock()
+        self.steps = 0
+
+    # requests ------------------------------------------------------------------------------
+    def add(self, prompt: list[int], params: SamplingParams | None = None, on_token=None) -> Sequence:
+        """Queue a request; raises ValueError (too long for the model or the cache) or QueueFull."""
+        params = params or SamplingParams()
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) + params.max_tokens > self.config.max_seq_len:
+            raise ValueError(f"{len(prompt)} prompt tokens + max_tokens {params.max_tokens} exceed the "
+                             f"context length {self.config.max_seq_len}")
+        seq = Sequence(list(prompt), params, on_token)
+        with self.lock:
+            self.scheduler.add(seq)
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a request (its client went away): it leaves the batch or queue, its blocks are freed."""
+        with self.lock:
+            if not seq.finished:
+                self.scheduler.finish(seq, "abort")
+                self._observe_finish(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def kv_usage(self) -> dict:
+        usage = self.blocks.usage()
+        return {**usage, "bytes_in_use": usage["blocks_in_use"] * self.bytes_per_block,
+                "pool_bytes": self.pool.nbytes, "block_size": self.blocks.block_size}
+
+    # one iteration -------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> list[Sequence]:
+        """Run one scheduling + decoding iteration; the sequences that got a token."""
+        with self.lock:
+            prefill, decode = self.scheduler.schedule()
+            if not prefill and not decode and self.scheduler.waiting:
+                # nothing runs, yet the queue's head does not fit: a leak, not a busy server
+                raise RuntimeError(f"{len(self.scheduler.waiting)} requests wait but none can be admitted: "
+                                   f"{self.blocks.blocks_in_use} of {self.blocks.num_blocks} KV blocks are in use "
+                                   f"with no sequence running (blocks never freed?)")
+            # the block tables are read here, under the lock; the forward runs without it, so
+            # the event loop can add or abort requests meanwhile (an abort frees blocks only
+            # schedule() hands out again, on this thread)
+            work = ([(decode, self._decode_inputs(decode))] if decode else []) + \
+                   [([s], self._prefill_inputs(s)) for s in prefill]
+        if self.metrics is not None:
+            self.metrics._(self.metrics.prompt_tokens).inc(sum(len(s) for s in prefill))
+        rows = [s for seqs, _ in work for s in seqs]
+        logits = [paged_forward(self.model, self.pool, *inputs) for _, inputs in work]
+        with self.lock:
+            if rows:
+                self._sample_and_finish(rows, torch.cat(logits))
+            self.steps += 1
+            if self.metrics is not None:
+                self.metrics.on_step(len(self.scheduler.running), len(self.scheduler.waiting),
+                                     self.blocks.blocks_in_use, self.blocks.num_blocks, self.bytes_per_block)
+        return rows
+
+    def _tensor(self, values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def _prefill_inputs(self, seq: Sequence) -> tuple:
+        """All tokens of a newly admitted sequence, written to the blocks it was given."""
+        n = len(seq)
+        blocks, slots = zip(*self.blocks.slots(seq.id, 0, n))
+        return (self._tensor([seq.tokens]), self._tensor([list(range(n))]), self._tensor(blocks), self._tensor(slots))
+
+    def _decode_inputs(self, seqs: list[Sequence]) -> tuple:
+        """The newest token of each sequence (its slot reserved by the scheduler), one batch."""
+        last = [self.blocks.slots(s.id, len(s) - 1, len(s))[0] for s in seqs]
+        tables = [self.blocks.tables[s.id] for s in seqs]
+        width = max(len(t) for t in tables)
+        padded = [t + [t[0]] * (width - len(t)) for t in tables]
+        return (self._tensor([[s.tokens[-1]] for s in seqs]), self._tensor([[len(s) - 1] for s in seqs]),
+                self._tensor([b for b, _ in last]), self._tensor([s for _, s in last]), self._tensor(padded),
+                self._tensor([len(s) for s in seqs]))
+
+    def _sample_and_finish(self, rows: list[Sequence], logits: torch.Tensor) -> None:
+        greedy = [i for i, s in enumerate(rows) if s.params.temperature == 0]
+        chosen = [0] * len(rows)
+        if greedy:
+            for i, tok in zip(greedy, logits[greedy].argmax(dim=-1).tolist()):
+                chosen[i] = tok
+        for i, s in enumerate(rows):
+            if s.params.temperature != 0:
+                p = s.params
+                chosen[i] = int(sample(logits[i:i + 1].float().cpu(), p.temperature, p.top_k, p.top_p, s.generator))
+        now = time.monotonic()
+        for seq, tok in zip(rows, chosen):
+            if seq.finished:
+                continue   # aborted while the forward ran
+            seq.output.append(tok)
+            if self.metrics is not None:
+                self.metrics.on_token(now, seq.arrival, seq.last_token_time)
+            seq.first_token_time = seq.first_token_time or now
+            seq.last_token_time = now
+            reason = ("stop" if tok in seq.params.stop_ids else
+                      "length" if len(seq.output) >= seq.params.max_tokens or len(seq) >= self.config.max_seq_len
+                      else None)
+            if reason:
+                self.scheduler.finish(seq, reason)
+                self._observe_finish(seq)
+            if seq.on_token is not None:
+                seq.on_token(seq, tok)
+
+    def _observe_finish(self, seq: Sequence) -> None:
+        if self.metrics is not None:
+            self.metrics.on_finish(time.monotonic(), seq.arrival, seq.finish_reason)
+
+    # offline use ---------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None,
+                 max_steps: int = 100_000) -> list[list[int]]:
+        """All prompts through the engine at once (continuous batching); their outputs, in order."""
+        seqs = [self.add(p, params) for p in prompts]
+        for _ in range(max_steps):
+            if not self.has_work():
+                break
+            self.step()
+        else:
+            raise RuntimeError(f"not finished after {max_steps} steps")
+        assert all(s.status is Status.FINISHED for s in seqs)
+        return [s.output for s in seqs]

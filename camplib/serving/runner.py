@@ -1,0 +1,71 @@
+"""The engine's own thread, next to the HTTP server's event loop.
+
+The loop thread calls `engine.step()` while there is work and sleeps on a condition otherwise;
+request handlers `submit` (a queue per request receives each token via call_soon_threadsafe)
+and `abort`. `stop(drain=True)` lets the running requests finish first (graceful shutdown).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from camplib.serving.engine import Engine
+from camplib.serving.sequence import SamplingParams, Sequence
+
+__all__ = ["EngineLoop"]
+
+log = logging.getLogger("camplib.serving")
+DONE = None   # what a request's queue gets after its last token
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.wake = threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="camplib-engine", daemon=True)
+
+    def start(self) -> "EngineLoop":
+        self.thread.start()
+        return self
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> tuple[Sequence, asyncio.Queue]:
+        """Queue a request (raises ValueError / QueueFull); its tokens arrive on the queue, then DONE."""
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+        def on_token(seq: Sequence, token: int) -> None:   # the engine thread
+            loop.call_soon_threadsafe(queue.put_nowait, token)
+            if seq.finished:
+                loop.call_soon_threadsafe(queue.put_nowait, DONE)
+
+        seq = self.engine.add(prompt, params, on_token)
+        with self.wake:
+            self.wake.notify()
+        return seq, queue
+
+    def abort(self, seq: Sequence) -> None:
+        self.engine.abort(seq)
+
+    def _run(self) -> None:
+        while True:
+            with self.wake:
+                while not self.engine.has_work() and not self.stopping:
+                    self.wake.wait(0.5)
+                if self.stopping and not self.engine.has_work():
+                    return
+            try:
+                self.engine.step()
+            except Exception:   # a bug must not leave clients hanging: fail every request in flight
+                log.exception("engine step failed; aborting the requests in flight")
+                for seq in list(self.engine.scheduler.running) + list(self.engine.scheduler.waiting):
+                    self.engine.abort(seq)
+                    if seq.on_token is not None:
+                        seq.on_token(seq, -1)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish what is queued or running, then end the thread."""
+        with self.wake:
+            self.stopping = True
+            self.wake.notify()
+        self.thread.join(timeout)
