@@ -1,6 +1,6 @@
 """A student distilled from a teacher beats the same student trained alone, seed after seed
 (lab a08's claim, at the lab's CI sizes: byte-level stdlib text, a teacher trained on all of it,
-students on 32 blocks)."""
+students on 16 blocks)."""
 import pytest
 import torch
 
@@ -9,7 +9,7 @@ from camplib.data import pack, read_corpus, split_files, stdlib_files
 from camplib.model import GPT, GPTConfig
 
 L = 32
-MARGIN = 0.02      # nats/token; measured margins at these sizes: 0.04-0.18 over 5 seeds
+MARGIN = 0.03      # nats/token; measured margins at these sizes: 0.084-0.198 over 5 seeds
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def corpus():
     val_blocks = pack([list(t.encode()) for t in read_corpus(val[:4])], block_size=L, eos_id=0)[:256]
     torch.manual_seed(0)
     teacher = GPT(GPTConfig(vocab_size=256, n_layer=2, n_head=4, d_model=64, max_seq_len=L))
-    train_lm(teacher, blocks, 150, batch_size=32)
+    train_lm(teacher, blocks, 60, batch_size=32)
     return blocks, val_blocks, teacher
 
 
@@ -27,12 +27,12 @@ def corpus():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_distilled_student_beats_the_student_trained_alone(corpus, seed):
     blocks, val_blocks, teacher = corpus
-    small = blocks[torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed))[:32]]
+    small = blocks[torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed))[:16]]
     losses = {}
     for name, t in [("alone", None), ("distilled", teacher)]:
         torch.manual_seed(seed)
         student = GPT(GPTConfig(vocab_size=256, n_layer=1, n_head=2, d_model=32, max_seq_len=L))
-        train_lm(student, small, 60, teacher=t, temperature=1.0, alpha=0.9, seed=seed)
+        train_lm(student, small, 40, teacher=t, temperature=1.0, alpha=0.9, seed=seed)
         losses[name] = validation_loss(student, val_blocks)
     assert losses["distilled"] < losses["alone"] - MARGIN, (seed, losses, validation_loss(teacher, val_blocks))
 
