@@ -14,14 +14,10 @@ def _edit(grade_id: str, old: str, new: str):
 
 
 MISTAKES = [
-    # |.| of every element before summing: a score that no sign cancellation can lower
-    Mistake("unit_importance", _edit("unit_importance", "per_sequence = (act * grad).reshape(",
-                                     "per_sequence = (act * grad).abs().reshape("),
-            2, "THEN take |.|"),
-    # key/value rows picked like query rows, ignoring grouped-query attention's groups
-    Mistake("prune_heads", _edit("prune_heads", "kv_rows = [g * D + d for g in groups for d in range(D)]",
-                                 "kv_rows = q_rows"),
-            3, "kept query rows, then key rows, then value rows"),
+    # the query count updated, the kv count forgotten: the layer still splits qkv for every kv head
+    Mistake("prune_heads", _edit("prune_heads", "attn.n_heads, attn.n_kv_heads = len(keep), len(groups)",
+                                 "attn.n_heads = len(keep)"),
+            3, "set both to the kept counts"),
     # the soft term without T^2: its gradient shrinks like 1/T^2
     Mistake("distillation_loss", _edit("distillation_loss", "alpha * temperature ** 2 * kl", "alpha * kl"),
             3, "times T^2"),
