@@ -16,7 +16,12 @@ import copy
 
 import torch
 
-from camplib.compress.pruning import forward_latency, model_size, prune_model, unit_scores
+from camplib.compress.pruning import (
+    forward_latency,
+    model_size,
+    prune_model,
+    unit_scores,
+)
 from camplib.compress.static_graph import loss_without_breaks, time_steps
 from camplib.model import GPT, GPTConfig
 

@@ -6,7 +6,7 @@ student's own loss function here as `loss_fn`.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

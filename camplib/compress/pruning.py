@@ -24,8 +24,16 @@ from camplib.attention import MultiHeadAttention
 from camplib.memory import storage_bytes
 from camplib.model import MLP, SwiGLU
 
-__all__ = ["unit_importance", "prune_heads", "prune_mlp", "unit_scores", "keep_top", "prune_model",
-           "model_size", "forward_latency"]
+__all__ = [
+    "forward_latency",
+    "keep_top",
+    "model_size",
+    "prune_heads",
+    "prune_mlp",
+    "prune_model",
+    "unit_importance",
+    "unit_scores",
+]
 
 
 def unit_importance(act: torch.Tensor, grad: torch.Tensor, unit_size: int) -> torch.Tensor:

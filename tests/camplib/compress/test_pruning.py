@@ -2,11 +2,18 @@
 compute exactly what the dense layer computes without the pruned units, and really shrink."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 from camplib.attention import MultiHeadAttention
-from camplib.compress.pruning import (forward_latency, keep_top, model_size, prune_heads, prune_mlp,
-                                      prune_model, unit_importance, unit_scores)
+from camplib.compress.pruning import (
+    forward_latency,
+    keep_top,
+    model_size,
+    prune_heads,
+    prune_mlp,
+    prune_model,
+    unit_importance,
+    unit_scores,
+)
 from camplib.model import GPT, MLP, GPTConfig, SwiGLU
 from tests.support import assert_close
 
