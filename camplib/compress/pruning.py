@@ -182,10 +182,13 @@ def keep_top(scores: torch.Tensor, ratio: float, groups: int = 1) -> list[int]:
 
 def prune_model(model: nn.Module, scores: dict[str, torch.Tensor], head_ratio: float, mlp_ratio: float) -> None:
     """Prune every block of a camplib GPT in place by `unit_scores`: a fraction `head_ratio` of
-    each layer's query heads (the same number per kv group) and `mlp_ratio` of its MLP channels."""
+    each layer's query heads and `mlp_ratio` of its MLP channels. With plain multi-head attention
+    the best heads overall stay (each takes its own kv head along); with GQA the same number per
+    kv group, so every group keeps its shared key/value head."""
     for i, block in enumerate(model.blocks):
         attn = block.attn
-        prune_heads(attn, keep_top(scores[f"blocks.{i}.attn"], head_ratio, groups=attn.n_kv_heads))
+        groups = 1 if attn.n_kv_heads == attn.n_heads else attn.n_kv_heads
+        prune_heads(attn, keep_top(scores[f"blocks.{i}.attn"], head_ratio, groups=groups))
         prune_mlp(block.mlp, keep_top(scores[f"blocks.{i}.mlp"], mlp_ratio))
 
 

@@ -149,3 +149,15 @@ def test_prune_model_shrinks_a_gpt_and_keeps_it_working():
     assert [b.attn.n_heads for b in model.blocks] == [2, 2] and [b.attn.n_kv_heads for b in model.blocks] == [2, 2]
     assert small["parameters"] < dense["parameters"] and small["bytes"] == 4 * small["parameters"]
     assert forward_latency(model, x, repeats=1) > 0
+
+
+def test_prune_model_removes_heads_of_plain_multi_head_attention():
+    """With n_kv_heads == n_heads every head is its own group: half the heads go, kv heads with them."""
+    torch.manual_seed(4)
+    model = GPT(GPTConfig(vocab_size=32, n_layer=1, n_head=4, d_model=16, max_seq_len=8))
+    batch = [(torch.randint(0, 32, (2, 7)), torch.randint(0, 32, (2, 7)))]
+    prune_model(model, unit_scores(model, batch), 0.5, 0.25)
+    attn = model.blocks[0].attn
+    assert (attn.n_heads, attn.n_kv_heads, tuple(attn.qkv.weight.shape)) == (2, 2, (24, 16))
+    assert model.blocks[0].mlp.proj.in_features == 48
+
