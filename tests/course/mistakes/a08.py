@@ -1,0 +1,27 @@
+"""Typical mistakes in lab a08: each must lose exactly its exercise's points, with a message
+that helps (graded by tests/course/test_labs.py). Each is the reference solution with one edit."""
+from autograder.course.reference import solution_cells
+from tests.course.mistakes import Mistake
+
+
+def _edit(grade_id: str, old: str, new: str):
+    def make() -> str:
+        source = solution_cells("a08")[grade_id]
+        if old not in source:
+            raise AssertionError(f"a08 mistake: {old!r} is no longer in the solution of {grade_id}")
+        return source.replace(old, new)
+    return make
+
+
+MISTAKES = [
+    # the query count updated, the kv count forgotten: the layer still splits qkv for every kv head
+    Mistake("prune_heads", _edit("prune_heads", "attn.n_heads, attn.n_kv_heads = len(keep), len(groups)",
+                                 "attn.n_heads = len(keep)"),
+            3, "set both to the kept counts"),
+    # the soft term without T^2: its gradient shrinks like 1/T^2
+    Mistake("distillation_loss", _edit("distillation_loss", "alpha * temperature ** 2 * kl", "alpha * kl"),
+            3, "times T^2"),
+    # KL averaged over positions AND the vocabulary: V times too small
+    Mistake("distillation_loss", _edit("distillation_loss", 'reduction="batchmean"', 'reduction="mean"'),
+            3, "not 'mean'"),
+]
