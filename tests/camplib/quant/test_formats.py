@@ -44,6 +44,7 @@ def test_zero_point_maps_min_and_max_onto_the_grid(granularity, bits):
     assert_close("zero point is an integer code", zero, torch.round(zero), atol=0, rtol=0)
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
 def test_int8_equals_torch_quantize_per_tensor_and_per_channel():
     w = weight(8, 32, seed=2)
     q, scale = quantize_absmax(w, 8, "tensor")
