@@ -149,6 +149,7 @@ def _collect(procs, conns, run_timeout):
     failure: Exception | None = None
     deadline = time.monotonic() + (run_timeout if run_timeout is not None else float("inf"))
     open_conns = dict(enumerate(conns))
+    errored: set[int] = set()
     while len(results) < len(procs):
         left = deadline - time.monotonic()
         if failure is not None:
@@ -173,13 +174,19 @@ def _collect(procs, conns, run_timeout):
                 (sys.stderr if payload[0] == "err" else sys.stdout).write(payload[1])
             elif kind == "ok":
                 results[rank] = payload
-            elif kind == "error" and failure is None:
-                failure, failure_deadline = RankError(rank, *payload), time.monotonic() + GRACE_SECONDS
+            elif kind == "error":
+                errored.add(rank)
+                if failure is None:
+                    failure, failure_deadline = RankError(rank, *payload), time.monotonic() + GRACE_SECONDS
         for r, p in enumerate(procs):
-            if r not in results and r not in open_conns and not p.is_alive() and failure is None:
+            # a rank that died without a word is the cause of its peers' errors ("connection reset
+            # by peer" in a collective), even when one of those reached us first
+            if r not in results and r not in errored and r not in open_conns and not p.is_alive() \
+                    and not isinstance(failure, RankDied):
                 p.join()
+                also = "" if failure is None else f" (before that, rank {failure.rank} raised {failure.kind})"
                 failure, failure_deadline = RankDied(f"rank {r} died without a result ({_exit_reason(p.exitcode)}); "
-                                                     "all ranks were ended"), time.monotonic()
+                                                     f"all ranks were ended{also}"), time.monotonic()
     if failure is not None:
         raise failure
     return [results[r] for r in range(len(procs))]

@@ -188,3 +188,17 @@ def test_ranks_inherit_torch_compiler_imports_instead_of_each_paying_them():
     """torch.optim's constructors import torch._dynamo (2-5 s here) on first use; launch imports it
     before forking, so no rank of any run imports it again (b06's grading paid it 18 times)."""
     assert launch(_modules_an_optimizer_imports, 2) == [[], []]
+
+
+def _dies_after_its_peer_raised(rank, world_size):
+    if rank == 1:
+        raise RuntimeError("Connection reset by peer")   # what a peer's collective says first
+    time.sleep(0.1)   # well within the launcher's grace period after the first error
+    os._exit(3)
+
+
+def test_a_dead_rank_is_reported_even_when_a_peers_error_arrives_first():
+    """Under load a survivor's "connection reset" can reach the launcher before the dead rank's
+    exit is seen: the death is still what is reported, naming the other error."""
+    with pytest.raises(RankDied, match=r"rank 0 died without a result .exit code 3.*rank 1 raised RuntimeError"):
+        launch(_dies_after_its_peer_raised, 2, timeout=30)
