@@ -46,15 +46,16 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "WARNING: $(CHROMIUM) is missing and cannot be installed here: tests/browser will not run"; fi; }
 
-# Two pytest-xdist workers (the machines this course targets have 2 cores); slow tests start first.
+# Two pytest-xdist workers (the machines this course targets have 2 cores), fed one work unit at a
+# time, slow tests first (tests/conftest.py says how the units are formed).
 PYTEST_WORKERS ?= 2
 test: setup browser ## the whole suite: library parity, build/run/grade round trips, the browser smoke test
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --durations=15
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 
 test-fast: setup ## the inner loop (< 3 min): everything not marked slow
 	@echo "test-fast leaves out the tests marked slow: every lab's notebook run and grading round trip,"
 	@echo "the grading attack suites, the sandbox and Formgrader round trips, the browser test. Run 'make test' before committing."
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not slow"
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not slow"
 
 build: setup ## regenerate labs/ from solutions/
 	$(BIN)/camp build

@@ -52,6 +52,34 @@ def no_leftover_processes():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Long tests first: with pytest-xdist each worker takes tests in this order, so the slow
-    ones (lab notebooks, grading round trips) start at once instead of forming a tail at the end."""
+    """How `make test` shares the tests between its xdist workers (`--dist loadgroup
+    --no-loadscope-reorder`): a work unit goes to whichever worker is free, in this order, long
+    tests first, so the slow ones (lab notebooks, grading round trips) start at once instead of
+    forming a tail at the end. A unit is one test, except that the tests of a module sharing a
+    module-scoped fixture (grading a hostile class, a trained tokenizer) form one unit, so that
+    fixture runs once (pytest_itemcollected marks them). xdist's default `load` instead hands each
+    worker a consecutive block of this list up front: one worker got nearly every slow test and
+    ran alone for the last 9 minutes."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_itemcollected(item):
+    # here, not in pytest_collection_modifyitems: xdist turns the groups into work units in that
+    # hook, and ran its own before ours
+    if _shares_a_module_fixture(item):
+        item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def _shares_a_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
+
+
+def pytest_collection_finish(session):
+    """Fail loudly if xdist stopped honouring the groups (pytest 9.2 with xdist 3.8 did, silently)."""
+    if getattr(session.config.option, "loadgroup", False):
+        grouped = [i for i in session.items if i.get_closest_marker("xdist_group")]
+        if grouped and "@" not in grouped[0].nodeid:
+            raise pytest.UsageError("pytest-xdist's --dist loadgroup is not grouping tests with this pytest "
+                                    f"{pytest.__version__}: module fixtures would run on every worker "
+                                    "(pyproject.toml pins a pytest that works)")
