@@ -150,6 +150,7 @@ def _collect(procs, conns, run_timeout):
     deadline = time.monotonic() + (run_timeout if run_timeout is not None else float("inf"))
     open_conns = dict(enumerate(conns))
     errored: set[int] = set()
+    first_raised_at = float("inf")
     while len(results) < len(procs):
         left = deadline - time.monotonic()
         if failure is not None:
@@ -175,9 +176,15 @@ def _collect(procs, conns, run_timeout):
             elif kind == "ok":
                 results[rank] = payload
             elif kind == "error":
+                # the first error raised is the cause; later ones are its echoes ("connection closed
+                # by peer" once the failed rank exits), even if they are read first (CLOCK_MONOTONIC
+                # is one clock for every process on the machine)
+                *details, raised_at = payload
                 errored.add(rank)
-                if failure is None:
-                    failure, failure_deadline = RankError(rank, *payload), time.monotonic() + GRACE_SECONDS
+                if failure is None or (isinstance(failure, RankError) and raised_at < first_raised_at):
+                    if failure is None:
+                        failure_deadline = time.monotonic() + GRACE_SECONDS
+                    failure, first_raised_at = RankError(rank, *details), raised_at
         for r, p in enumerate(procs):
             # a rank that died without a word is the cause of its peers' errors ("connection reset
             # by peer" in a collective), even when one of those reached us first
@@ -273,12 +280,13 @@ def _rank_main(fn, rank, world_size, args, backend, listener, timeout, conn, par
         message = ("ok", _to_cpu(value))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
         code = 1
-        message = ("error", (type(exc).__name__, str(exc), "".join(traceback.format_exception(exc))))
+        message = ("error", (type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)), time.monotonic()))
     try:
         data = pickle.dumps(message)
     except Exception as exc:  # noqa: BLE001
         code = 1
-        data = pickle.dumps(("error", ("TypeError", f"the return value cannot be sent back: {exc}", "")))
+        data = pickle.dumps(("error", ("TypeError", f"the return value cannot be sent back: {exc}", "",
+                                       time.monotonic())))
     try:
         conn.send_bytes(data)
         conn.close()
