@@ -64,7 +64,7 @@ def _points(x: float) -> str:
 
 def _forbidden_in_words(entry: str) -> str:
     last = entry.rsplit(".", 1)[-1]
-    if _is_module(entry):
+    if "." not in entry or _is_module(entry):   # a top-level name is a package, installed here or not
         return f"the module `{entry}` (anything in it)"
     if last[:1].isupper():
         return f"the class `{entry}`"

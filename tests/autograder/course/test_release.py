@@ -180,3 +180,12 @@ def test_widget_cells_are_skipped_by_the_grader():
         for cell in nbformat.read(lab.source_path(ROOT), as_version=4).cells:
             if cell.cell_type == "code" and "ipywidgets" in cell.source and "setup" not in cell.metadata.get("tags", []):
                 assert "skip-grading" in cell.metadata.get("tags", []), f"{lab.id}: widget cell {cell.get('id')} is graded"
+
+
+def test_forbidden_list_reads_the_same_whether_or_not_a_package_is_installed():
+    """The released block must not depend on this machine: a top-level name is a package even where
+    it is not installed (a venv without torchao once made `camp build --check` fail)."""
+    from autograder.course.howto import _forbidden_in_words
+    assert _forbidden_in_words("no_such_package_for_camp") == "the module `no_such_package_for_camp` (anything in it)"
+    assert _forbidden_in_words("torch.nn.MultiheadAttention") == "the class `torch.nn.MultiheadAttention`"
+    assert _forbidden_in_words("torch.softmax") == "`torch.softmax`"
