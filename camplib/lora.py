@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LoRALinear", "inject_lora", "lora_modules", "trainable_parameters", "merge_lora",
+__all__ = ["LoRALinear", "inject_lora", "matching_modules", "lora_modules", "trainable_parameters", "merge_lora",
            "unmerge_lora", "lora_state_dict", "save_adapter", "load_adapter", "PEFT_PREFIX"]
 
 PEFT_PREFIX = "base_model.model."        # peft's prefix for the wrapped model's module names
@@ -98,7 +98,9 @@ def _matches(name: str, targets) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
-def _targets(model: nn.Module, target_modules) -> list[str]:
+def matching_modules(model: nn.Module, target_modules) -> list[str]:
+    """Names of the nn.Linear modules that `target_modules` (peft's rules) selects; a clear error
+    when it selects none."""
     if isinstance(target_modules, str):
         pass
     elif (not isinstance(target_modules, (list, tuple, set))
@@ -126,7 +128,7 @@ def inject_lora(model: nn.Module, target_modules, r: int = 8, alpha: float = 16.
     non-Linear target or a bad rank it raises and leaves the model unchanged."""
     if not isinstance(r, int) or r <= 0:
         raise ValueError(f"LoRA rank r must be a positive integer, got {r!r}")
-    names = _targets(model, target_modules)
+    names = matching_modules(model, target_modules)
     for p in model.parameters():
         p.requires_grad_(False)
     for n in names:
@@ -237,7 +239,7 @@ def load_adapter(model: nn.Module, folder: str | Path) -> list[str]:
     targets = config["target_modules"]
     if isinstance(targets, list):
         targets = sorted(targets)
-    names = _targets(model, targets)
+    names = matching_modules(model, targets)
     expected = {}
     for n in names:
         base = model.get_submodule(n)

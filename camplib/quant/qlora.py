@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from camplib.lora import LoRALinear, _targets, inject_lora   # _targets: the same pattern rules, checked first
+from camplib.lora import LoRALinear, inject_lora, matching_modules   # the same pattern rules, checked first
 from camplib.memory import storage_bytes
 from camplib.quant.layers import QuantLinear
 
@@ -23,7 +23,7 @@ def inject_qlora(model: nn.Module, target_modules, r: int = 8, alpha: float = 16
                  blocksize: int = 64, double_quant: bool = True) -> list[str]:
     """LoRA on the target Linears of `model` (in place), their frozen weights in NF4. Every
     check (patterns, rank, block size) runs before the model changes."""
-    for n in _targets(model, target_modules):           # NF4 needs whole blocks: say which layer does not fit
+    for n in matching_modules(model, target_modules):           # NF4 needs whole blocks: say which layer does not fit
         shape = tuple(model.get_submodule(n).weight.shape)
         if (shape[0] * shape[1]) % blocksize:
             raise ValueError(f"{n}: weight of shape {shape} is not whole NF4 blocks of {blocksize}")
