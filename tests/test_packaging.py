@@ -55,3 +55,32 @@ def test_jupyterlab_has_the_nbgrader_and_widgets_extensions():
     for ext in ("@jupyter/nbgrader", "@jupyter-widgets/jupyterlab-manager"):
         line = next((l for l in listing.splitlines() if ext in l), "")
         assert "enabled" in line and "OK" in line, f"{ext} is not installed and enabled:\n{listing}"
+
+
+def test_constraints_pin_every_dependency_within_its_range():
+    """constraints.txt (what `make setup` installs) pins each dependency of pyproject.toml to one
+    version that pyproject's own range admits, all on one Python: the lock and the ranges cannot
+    drift apart unnoticed."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins, pythons = {}, set()
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"constraints.txt: {line!r} is not an exact pin"
+            pins[canonicalize_name(req.name)] = spec.version
+            pythons.add(str(req.marker))
+    assert len(pythons) == 1 and next(iter(pythons)).startswith('python_version == "'), pythons
+    python = next(iter(pythons)).split('"')[1]
+    problems = []
+    for text in [*project["dependencies"], *project["optional-dependencies"]["dev"]]:
+        req = Requirement(text)
+        if req.marker and not req.marker.evaluate({"python_version": python, "sys_platform": "linux"}):
+            continue
+        version = pins.get(canonicalize_name(req.name))
+        if version is None or version not in req.specifier:
+            problems.append(f"{text}: constraints.txt has {version}")
+    assert not problems, "run `make constraints` in a venv that passes `make test`:\n" + "\n".join(problems)
