@@ -53,7 +53,7 @@ def moments_by_name(trainer) -> tuple[dict[str, dict[str, torch.Tensor]], int]:
 
 def load_moments(trainer, dense: dict[str, dict[str, torch.Tensor]], step: int, tp_rank: int, tp: int) -> None:
     """Set a fresh HybridTrainer's ZeRO-1 state from dense moments ({kind: {name: tensor}})."""
-    layout = trainer.tp_model.shard_layout()
+    layout = trainer.shard_layout()
     names = {id(p): n for n, p in trainer.stage.named_parameters()}
     zero = trainer.optimizer
     for unit, master in zip(zero.flat_units, zero.masters):
