@@ -29,9 +29,8 @@ from pathlib import Path
 
 import torch
 import torch._dynamo  # noqa: F401  see below
-import torch.fx.experimental.symbolic_shapes  # noqa: F401  see below
-
 import torch.distributed as dist
+import torch.fx.experimental.symbolic_shapes  # noqa: F401  see below
 
 from camplib.dist import on_ranks, under_torchrun
 from camplib.dist.counting import count_bytes
