@@ -62,7 +62,7 @@ def load_moments(trainer, dense: dict[str, dict[str, torch.Tensor]], step: int, 
             pieces = [shard_of(dense[kind][names[id(p)]], layout[names[id(p)]], tp_rank, tp).reshape(-1)
                       for p in unit.params]
             flat = torch.cat(pieces + [pieces[0].new_zeros(unit.padded - sum(unit.numels))])
-            state[kind] = unit.own(flat).to(master.dtype).clone()
+            state[kind] = unit.own(flat).to(device=master.device, dtype=master.dtype).clone()
         zero.optimizer.state[master] = state
 
 
