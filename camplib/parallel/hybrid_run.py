@@ -133,16 +133,20 @@ def train_hybrid(spec: dict, data: dict, steps: int, shape: MeshShape, m: int = 
 
 def _dense_params(out: dict, shape: MeshShape) -> dict:
     """The dense model's parameters from dp replica 0, cp shard 0: each stage's, its tp pieces
-    unsharded. A tied LM head (the last stage's copy of the token embedding) must equal the first
-    stage's copy, and goes by the dense model's one name, tok_emb.weight."""
+    unsharded. A tied LM head (the last stage's copy of the token embedding) goes by the dense
+    model's one name, tok_emb.weight, after checking that it equals the first stage's copy: both
+    step with the same summed gradient, up to rounding (ZeRO's flat buffers put the table at other
+    offsets on the two stages, so its reduce-scatter over dp x cp adds in another order: measured
+    1e-17 in fp64); not summed, they differ by the size of an update (~1e-2 after 3 steps)."""
     dense = {}
     for stage in range(shape.pp):
         ranks = [shape.rank_of(pp=stage, tp=j) for j in range(shape.tp)]
         for name, spec in out["specs"][ranks[0]].items():
             piece = unshard([out["params"][r][name] for r in ranks], spec)
             if name == "lm_head.weight" and "tok_emb.weight" in dense and shape.pp > 1 and out["tied"][0]:
-                if not torch.equal(piece, dense["tok_emb.weight"]):
-                    diff = (piece - dense["tok_emb.weight"]).abs().max().item()
+                first = dense["tok_emb.weight"]
+                diff = (piece - first).abs().max().item()
+                if diff > 1e3 * torch.finfo(first.dtype).eps * max(1.0, first.abs().max().item()):
                     raise AssertionError(f"the tied embedding's two copies differ after training (max {diff:.3g}): "
                                          "their gradients were not summed between the first and the last stage")
                 continue
