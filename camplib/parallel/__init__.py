@@ -12,7 +12,8 @@ Library (what a finished lab leaves behind):
   interleaved 1F1B as per-rank action lists with a checker and a simulator; camplib's GPT cut
   into stages and a step loop running any schedule; tagged sends and receives) (lab a04).
 - `mesh`, `context`, `hybrid`: a named DP/PP/CP/TP process-group mesh; ring attention (context
-  parallelism, zig-zag split, forward and backward); camplib's GPT trained on DP x PP x TP (lab a05).
+  parallelism, zig-zag split, forward and backward); camplib's GPT trained on DP x PP x CP x TP,
+  with sequence parallelism and tied embeddings across stages as options (lab a05).
 - `compression`: fp16/int8 quantized ring all-reduce, top-k with error feedback (lab a02).
 - `model_specs`: models described by plain dicts (MLP, GPT), rebuilt identically on every rank.
 - `reference`: one process on the full batch, the answer N ranks must reproduce, and the one
@@ -28,6 +29,8 @@ camplib.dist.on_ranks; the library modules above never import them):
 - `hybrid_run`: `train_hybrid` (loss curve, joined dense parameters, bytes per rank).
 - `pipeline_run`: `run_pipeline` / `run_pipeline_spec` (loss, gradients by dense name, peak
   micro-batches in flight and the recorded actions of a p-rank pipeline).
+- `pipeline_bubble`: `measure_bubbles` (the bubble of `pipeline_step` on real ranks with sleeping,
+  uniform stages, against (p-1)/(v*m+p-1)).
 
 No functions are defined here (the lab grader watches this package's own names): import from
 the modules.

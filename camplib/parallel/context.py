@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from camplib.dist.ring import exchange, ring_neighbours
 
-__all__ = ["SPLITS", "Ring", "block_attention", "merge_partial", "ring_attention", "split_positions", "split_sequence",
+__all__ = ["SPLITS", "ContextShard", "Ring", "block_attention", "merge_partial", "ring_attention", "split_positions", "split_sequence",
            "join_sequence", "unmasked_entries"]
 
 SPLITS = ("zigzag", "contiguous")
@@ -185,3 +185,29 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, split: str
         pos = torch.arange(q.shape[SEQ_DIM])
         return block_attention(q, k, v, pos, pos)[0]
     return _RingAttention.apply(q, k, v, split, group)
+
+
+class ContextShard:
+    """This rank's share of the sequence in a context-parallel group, for a model to hold: the
+    global positions of its tokens (`positions`: what RoPE and a learned position table must
+    use, since local row i is not position i) and causal attention of its queries against the
+    whole sequence (`attend`: `ring_attention` over the group). camplib's tensor-parallel GPT
+    takes one (`TensorParallelGPT(..., context=ContextShard(cp_group))`), so the hybrid trainer's
+    positions, masks and attention all follow the same split."""
+
+    def __init__(self, group=None, split: str = "zigzag"):
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r}: choose one of {SPLITS}")
+        self.group, self.split = group, split
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.size = dist.get_world_size(group) if dist.is_initialized() else 1
+
+    def positions(self, local_len: int, device=None) -> torch.Tensor:
+        """Global positions of this rank's `local_len` tokens, in its local order."""
+        return split_positions(local_len * self.size, self.rank, self.size, self.split).to(device)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return ring_attention(q, k, v, self.split, self.group)
+
+    def __repr__(self) -> str:
+        return f"ContextShard(rank {self.rank} of cp={self.size}, {self.split})"

@@ -53,7 +53,7 @@ def moments_by_name(trainer) -> tuple[dict[str, dict[str, torch.Tensor]], int]:
 
 def load_moments(trainer, dense: dict[str, dict[str, torch.Tensor]], step: int, tp_rank: int, tp: int) -> None:
     """Set a fresh HybridTrainer's ZeRO-1 state from dense moments ({kind: {name: tensor}})."""
-    layout = trainer.tp_model.shard_layout()
+    layout = trainer.shard_layout()
     names = {id(p): n for n, p in trainer.stage.named_parameters()}
     zero = trainer.optimizer
     for unit, master in zip(zero.flat_units, zero.masters):
@@ -62,7 +62,7 @@ def load_moments(trainer, dense: dict[str, dict[str, torch.Tensor]], step: int, 
             pieces = [shard_of(dense[kind][names[id(p)]], layout[names[id(p)]], tp_rank, tp).reshape(-1)
                       for p in unit.params]
             flat = torch.cat(pieces + [pieces[0].new_zeros(unit.padded - sum(unit.numels))])
-            state[kind] = unit.own(flat).to(master.dtype).clone()
+            state[kind] = unit.own(flat).to(device=master.device, dtype=master.dtype).clone()
         zero.optimizer.state[master] = state
 
 

@@ -12,6 +12,11 @@ torchtitan and Megatron do: TP talks most (4 all-reduces per block, forward and 
 its ranks are neighbours, which on real machines means the same node and NVLink. PP, which
 sends one activation per micro-batch, is outermost and may cross nodes.
 
+Two more kinds of group join ranks across dimensions: "dp_cp", the ranks that share pp and tp (the
+data-parallel replicas and the context shards together: their gradients are averaged together,
+as in Megatron's data-parallel-with-context group), and "embedding", the first and the last stage
+of each pipeline (a tied token embedding / LM head lives on both: its gradient is summed there).
+
 `MeshShape` is plain arithmetic (coordinates, which ranks form each group) and checks its sizes
 before anything starts; `ProcessMesh` builds the torch.distributed sub-groups on a running rank.
 `check_layout` says, before any rank starts work, whether a model can be cut this way.
@@ -22,9 +27,10 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-__all__ = ["DIMS", "MeshShape", "ProcessMesh", "check_layout"]
+__all__ = ["DIMS", "GROUPS", "MeshShape", "ProcessMesh", "check_layout"]
 
 DIMS = ("pp", "dp", "cp", "tp")   # default order, outermost -> innermost (TP innermost)
+GROUPS = DIMS + ("dp_cp", "embedding")   # every kind of group a ProcessMesh builds
 
 
 @dataclass(frozen=True)
@@ -90,15 +96,24 @@ class MeshShape:
     def group_ranks(self, dim: str) -> list[list[int]]:
         """Every group of dimension `dim`: the ranks that share all other coordinates, ordered by
         their index along `dim` (so a rank's position in its group is its coordinate). Groups are
-        listed by their lowest rank: the order every rank creates them in."""
-        if dim not in DIMS:
-            raise ValueError(f"unknown mesh dimension {dim!r}: the mesh has {DIMS}")
+        listed by their lowest rank: the order every rank creates them in. `dim` may also be
+        "dp_cp" (ranks sharing pp and tp, in rank order) or "embedding" (`embedding_ranks`)."""
+        if dim == "embedding":
+            return self.embedding_ranks()
+        if dim not in GROUPS:
+            raise ValueError(f"unknown mesh dimension {dim!r}: the mesh has {DIMS} (and the groups {GROUPS[4:]})")
+        spanned = dim.split("_")
         groups = {}
         for rank in range(self.world_size):
             c = self.coords(rank)
-            key = tuple(c[d] for d in self.order if d != dim)
+            key = tuple(c[d] for d in self.order if d not in spanned)
             groups.setdefault(key, []).append(rank)
         return sorted(groups.values())
+
+    def embedding_ranks(self) -> list[list[int]]:
+        """Megatron's embedding groups: [first stage, last stage] of each pipeline (the ranks that
+        hold a tied token embedding and LM head), [rank] when pp == 1."""
+        return [[g[0], g[-1]] if len(g) > 1 else g for g in self.group_ranks("pp")]
 
 
 def check_layout(shape: MeshShape, world_size: int, *, n_layer: int, n_head: int, seq_len: int,
@@ -128,7 +143,8 @@ def check_layout(shape: MeshShape, world_size: int, *, n_layer: int, n_head: int
 
 
 class ProcessMesh:
-    """This rank's place on a mesh, with one torch.distributed group per dimension.
+    """This rank's place on a mesh, with one torch.distributed group per dimension (and the
+    "dp_cp" and "embedding" groups: a group equal to one already built is that one, not a copy).
 
     Built on every rank of a running process group (the same call everywhere: torch requires
     every rank to create every group, in the same order). `group(dim)` is the group this rank
@@ -144,24 +160,38 @@ class ProcessMesh:
         self.shape, self.rank = shape, dist.get_rank()
         self.coords = shape.coords(self.rank)
         self._groups, self._members = {}, {}
-        for dim in shape.order:
-            for ranks in shape.group_ranks(dim):
-                group = dist.new_group(ranks)
+        built: dict[tuple, object] = {}     # the same ranks: the same group (no new_group call)
+        for dim in shape.order + GROUPS[4:]:
+            layout = shape.group_ranks(dim)
+            if tuple(map(tuple, layout)) not in built:
+                built[tuple(map(tuple, layout))] = {tuple(ranks): dist.new_group(ranks) for ranks in layout}
+            groups = built[tuple(map(tuple, layout))]
+            for ranks in layout:
                 if self.rank in ranks:
-                    self._groups[dim], self._members[dim] = group, ranks
+                    self._groups[dim], self._members[dim] = groups[tuple(ranks)], ranks
 
     def group(self, dim: str):
+        self._check_member(dim)
         return self._groups[dim]
 
     def members(self, dim: str) -> list[int]:
         """Global ranks of this rank's group along `dim`, in coordinate order."""
+        self._check_member(dim)
         return list(self._members[dim])
 
+    def _check_member(self, dim: str) -> None:
+        if dim not in GROUPS:
+            raise ValueError(f"unknown mesh group {dim!r}: the mesh has {GROUPS}")
+        if dim not in self._groups:   # only "embedding": a middle pipeline stage holds no embedding
+            raise ValueError(f"rank {self.rank} (pp={self.coords['pp']} of {self.shape.pp}) is in no {dim!r} group: "
+                             "only the first and the last pipeline stage are")
+
     def coord(self, dim: str) -> int:
-        return self.coords[dim]
+        """This rank's index along `dim` (for "dp_cp" and "embedding": its place in that group)."""
+        return self.coords[dim] if dim in DIMS else self.members(dim).index(self.rank)
 
     def size(self, dim: str) -> int:
-        return getattr(self.shape, dim)
+        return getattr(self.shape, dim) if dim in DIMS else len(self.members(dim))
 
     def __repr__(self) -> str:
         return f"ProcessMesh(rank {self.rank} at {self.coords} of {self.shape.describe()})"

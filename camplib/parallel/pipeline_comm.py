@@ -28,14 +28,17 @@ FORWARD, BACKWARD = 0, 1
 
 class PipelineComm:
     """Sends and receives of one rank. Stage s lives on pipeline rank s % p. `shape` and `dtype`
-    are an activation's (micro-batch, time, d_model): receivers allocate them. `ranks` maps
-    pipeline ranks to global ranks (a pipeline group of a 4D mesh); by default they are equal."""
+    are an activation's (micro-batch, time, d_model): receivers allocate them (on `device`: a
+    rank's GPU with NCCL). `ranks` maps pipeline ranks to global ranks (a pipeline group of a 4D
+    mesh); by default they are equal. NCCL ignores tags and matches a pair's messages in order:
+    with one chunk per rank each direction carries one kind of message, sent and received in
+    micro-batch order, so the tags' matching and NCCL's agree."""
 
     def __init__(self, rank: int, p: int, n_stages: int, shape: tuple[int, ...], dtype: torch.dtype,
-                 timeout: float = 60.0, ranks: list[int] | None = None):
+                 timeout: float = 60.0, ranks: list[int] | None = None, device=None):
         self.rank, self.p, self.n_stages = rank, p, n_stages
         self.ranks = list(ranks) if ranks is not None else list(range(p))
-        self.shape, self.dtype, self.timeout = tuple(shape), dtype, timeout
+        self.shape, self.dtype, self.timeout, self.device = tuple(shape), dtype, timeout, device
         self.pending: list = []                            # isend handles, waited in finish()
         self.mailbox: dict[int, torch.Tensor] = {}         # tag -> tensor, between stages of this rank
         self.bytes_sent = 0
@@ -61,7 +64,7 @@ class PipelineComm:
                                    f"{from_stage} on this same rank, which has not produced it yet: the "
                                    "schedule runs an action before the one it depends on")
             return self.mailbox.pop(tag)
-        buf = torch.empty(self.shape, dtype=self.dtype)
+        buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         work = dist.irecv(buf, self.ranks[src], tag=tag)
         try:
             work.wait(timedelta(seconds=self.timeout))

@@ -2,13 +2,13 @@
 devices and the memory of one device (after the Ultra-Scale Playbook's memory and
 communication calculators).
 
-Per rank, for one training step with AdamW and ZeRO-1 over dp (`camplib.parallel.hybrid`):
+Per rank, for one training step with AdamW and ZeRO-1 over dp x cp (`camplib.parallel.hybrid`):
 
 - parameters: counted exactly on a `meta`-device GPT (no memory), cut like camplib's layers:
   the blocks of the rank's pipeline stage (`split_layers`), the embeddings on the first stage,
   the final norm and LM head on the last; weights split over tp except norms, the position table
   and the biases added after a row-parallel sum (replicated); the vocabulary padded to a multiple
-  of tp. Bytes: parameters + gradients (b bytes each) + AdamW state over dp (two moments in
+  of tp. Bytes: parameters + gradients (b bytes each) + AdamW state over dp*cp (two moments in
   max(b, 4) bytes, plus an fp32 master copy when b < 4).
 - activations (an estimate, not measured here): Korthikanti et al.'s s*b*h*(10 + 24/t +
   5*a*s/(h*t)) bytes per layer and micro-batch at 2-byte activations, scaled to b bytes, with
@@ -17,8 +17,10 @@ Per rank, for one training step with AdamW and ZeRO-1 over dp (`camplib.parallel
   TP 4 all-reduces of one activation per block and micro-batch (+1 for the vocab-parallel
   embedding on the first stage; +1 activation and 3 per-token all-reduces of the vocab-parallel
   cross-entropy on the last), PP one activation per micro-batch forward and one backward, DP
-  ZeRO-1's reduce-scatter + all-gather on a ring: 2(dp-1)/dp of the rank's parameter bytes,
-  CP ring attention (3cp - 2) key/value blocks per layer and micro-batch.
+  ZeRO-1's reduce-scatter + all-gather on a ring over the dp*cp ranks: 2(dp*cp-1)/(dp*cp) of the
+  rank's parameter bytes, CP ring attention (3cp - 2) key/value blocks per layer and micro-batch
+  (+ one token count per micro-batch on the last stage); a tied embedding with pp > 1 one
+  all-reduce of its table shard on the first and the last stage.
 
 The parameter and communication numbers equal what `camplib.parallel.hybrid_run.train_hybrid`
 measures on gloo ranks (tests/camplib/parallel/test_planner.py); the activations are the
@@ -69,7 +71,7 @@ def _dense_counts(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
         with torch.device("meta"), _no_init():   # one block is enough: every block has the same parameters
             model = GPT(dataclasses.replace(cfg, n_layer=1))
         shapes = {}
-        for n, p in model.named_parameters():
+        for n, p in model.named_parameters(remove_duplicate=False):   # a tied LM head by its own name too
             if n.startswith("blocks.0."):
                 shapes.update({f"blocks.{i}.{n[len('blocks.0.'):]}": tuple(p.shape) for i in range(cfg.n_layer)})
             else:
@@ -114,6 +116,8 @@ def layout_cost(cfg: GPTConfig, shape: MeshShape, batch: int, seq_len: int, m: i
                 param_bytes: int = 2) -> dict:
     """Memory and communication per rank of one step on `shape` (the busiest rank's)."""
     b, t, cp, pp, dp = param_bytes, shape.tp, shape.cp, shape.pp, shape.dp
+    z = dp * cp                                                 # ZeRO-1's group: dp x cp
+    tied_table = padded_size(cfg.vocab_size, t) // t * cfg.d_model * b if cfg.tie_embeddings and pp > 1 else 0
     stages = params_per_stage(cfg, pp, t)
     layers = [len(r) for r in split_layers(cfg.n_layer, pp)]
     state = 2 * max(b, 4) + (4 if b < 4 else 0)
@@ -128,11 +132,13 @@ def layout_cost(cfg: GPTConfig, shape: MeshShape, batch: int, seq_len: int, m: i
         if t > 1:
             tp_payload = m * (4 * n_layers * act + (act if first else 0)
                               + (act + 3 * bm * seq_len // cp * max(b, 4) if last else 0))
-        tp_payload += 8 if last else 0                           # the loss, averaged over dp
+        tp_payload += 8 if last else 0                           # the loss, averaged over dp x cp
+        tp_payload += m * max(b, 4) if last and cp > 1 else 0   # each micro-batch's token count over cp
+        tp_payload += tied_table if first or last else 0        # the tied embedding's gradient
         pp_send = m * act * ((0 if last else 1) + (0 if first else 1))
-        dp_send = 2 * (dp - 1) * (-(-n // dp)) * b if dp > 1 else 0
+        dp_send = 2 * (z - 1) * (-(-n // z)) * b if z > 1 else 0
         cp_send = m * n_layers * (3 * cp - 2) * kv_block if cp > 1 else 0
-        memory = {"params": n * b, "grads": n * b, "optimizer": state * -(-n // dp),
+        memory = {"params": n * b, "grads": n * b, "optimizer": state * -(-n // z),
                   "activations": int(per_layer_act * n_layers * min(pp, m))}
         memory["total"] = sum(memory.values())
         rows.append({"params": n, "memory": memory, "tp_allreduce_payload": tp_payload, "pp_send": pp_send,

@@ -254,8 +254,11 @@ class ParallelAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True, *,
-                 rope=None, dropout: float = 0.0, sequence_parallel: bool = False, group=None):
+                 rope=None, dropout: float = 0.0, sequence_parallel: bool = False, group=None, context=None):
         super().__init__()
+        if context is not None and dropout:
+            raise ValueError(f"attention dropout={dropout} with context parallelism: ring attention has no "
+                             "dropout (use dropout=0)")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         t = tp_size(group)
         self.local_heads = split_evenly(n_heads, t, "n_heads")
@@ -268,7 +271,7 @@ class ParallelAttention(nn.Module):
                                         sequence_parallel=sequence_parallel, group=group)
         self.proj = RowParallelLinear(n_heads * D, d_model, bias=bias, sequence_parallel=sequence_parallel,
                                       group=group)
-        self.rope, self.dropout = rope, dropout
+        self.rope, self.dropout, self.context = rope, dropout, context
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -280,13 +283,20 @@ class ParallelAttention(nn.Module):
         q = q.view(B, T, H, D).transpose(1, 2)
         k = k.view(B, T, Hkv, D).transpose(1, 2)
         v = v.view(B, T, Hkv, D).transpose(1, 2)
+        # context parallelism: this rank's T tokens sit at the global positions of its sequence chunks
+        pos = self.context.positions(T, x.device) if self.context is not None else None
         if self.rope is not None:
-            q, k = self.rope(q), self.rope(k)
+            q, k = self.rope(q, positions=pos), self.rope(k, positions=pos)
         if Hkv != H:
             k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
-        mask = causal_mask(T, T, device=x.device)
-        mask = mask if attn_mask is None else attn_mask & mask
-        y = scaled_dot_product_attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0)
+        if self.context is not None:
+            if attn_mask is not None:
+                raise ValueError("attn_mask is not supported with context parallelism")
+            y = self.context.attend(q, k, v)   # ring attention over the cp group
+        else:
+            mask = causal_mask(T, T, device=x.device)
+            mask = mask if attn_mask is None else attn_mask & mask
+            y = scaled_dot_product_attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, H * D)))
 
 
@@ -360,13 +370,16 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_start: int, vocab_size: int,
-                                 group=None, ignore_index: int = -100) -> torch.Tensor:
+                                 group=None, ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
     """Mean cross-entropy over the non-ignored targets, like F.cross_entropy(full_logits, targets),
     from this rank's logits columns [vocab_start, vocab_start + V_local): (..., V_local) logits,
-    (...) targets. Columns at or past `vocab_size` are padding and excluded."""
+    (...) targets. Columns at or past `vocab_size` are padding and excluded. reduction="sum": the
+    sum (a context-parallel shard's part, divided later by the whole sequence's token count)."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction={reduction!r}: expected 'mean' or 'sum'")
     flat, tgt = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
     loss = _VocabParallelCrossEntropy.apply(flat, tgt, vocab_start, vocab_size, ignore_index, group)
-    return loss.sum() / (tgt != ignore_index).sum()
+    return loss.sum() if reduction == "sum" else loss.sum() / (tgt != ignore_index).sum()
 
 
 # -- measuring ------------------------------------------------------------------------------------

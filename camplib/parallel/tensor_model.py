@@ -16,7 +16,6 @@ from torch import nn
 
 from camplib.model import GPT, GPTConfig, make_norm
 from camplib.parallel.tensor import (
-    SEQ_DIM,
     ColumnParallelLinear,
     ParallelAttention,
     ParallelMLP,
@@ -51,12 +50,13 @@ class TensorParallelBlock(nn.Module):
     """camplib.model.Block with parallel attention and MLP. Norms run on whatever the block holds:
     the full sequence, or with sequence parallelism this rank's shard of it."""
 
-    def __init__(self, cfg: GPTConfig, rope: RotaryEmbedding | None, sequence_parallel: bool, group=None):
+    def __init__(self, cfg: GPTConfig, rope: RotaryEmbedding | None, sequence_parallel: bool, group=None,
+                 context=None):
         super().__init__()
         sp = {"sequence_parallel": sequence_parallel, "group": group}
         self.ln1 = make_norm(cfg)
         self.attn = ParallelAttention(cfg.d_model, cfg.n_head, cfg.kv_heads, bias=cfg.bias, rope=rope,
-                                      dropout=cfg.dropout, **sp)
+                                      dropout=cfg.dropout, context=context, **sp)
         self.ln2 = make_norm(cfg)
         self.mlp = ParallelMLP(cfg.d_model, cfg.ff_dim, cfg.mlp, bias=cfg.bias, gelu_approximate=cfg.gelu_approximate,
                                dropout=cfg.dropout, **sp)
@@ -77,19 +77,25 @@ class TensorParallelGPT(nn.Module):
     (T must divide by t): call `sync_grads()` after backward to sum the gradients of the
     parameters used there (norms, position table, row biases).
 
+    With `context` (a `camplib.parallel.context.ContextShard` of the cp group), idx is this
+    rank's shard of the sequence (`split_sequence`), positions follow its chunks, attention is
+    ring attention over the group, and the loss is the mean over this rank's tokens.
+
     The training path only: no KV cache, attention_mask or generate (use the dense GPT)."""
 
-    def __init__(self, cfg: GPTConfig, group=None, *, sequence_parallel: bool = False, pad_vocab: bool = True):
+    def __init__(self, cfg: GPTConfig, group=None, *, sequence_parallel: bool = False, pad_vocab: bool = True,
+                 context=None):
         super().__init__()
         t = tp_size(group)
         check_tp_config(cfg, t, sequence_parallel=sequence_parallel, pad_vocab=pad_vocab)
-        self.config, self.group, self.sequence_parallel = cfg, group, sequence_parallel
+        self.config, self.group, self.sequence_parallel, self.context = cfg, group, sequence_parallel, context
         sp = {"sequence_parallel": sequence_parallel, "group": group}
         self.tok_emb = VocabParallelEmbedding(cfg.vocab_size, cfg.d_model, pad_vocab=pad_vocab, **sp)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.pos == "learned" else None
-        rope = RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta) if cfg.pos == "rope" else None
+        rope = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_pairing)
+                if cfg.pos == "rope" else None)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(TensorParallelBlock(cfg, rope, sequence_parallel, group)
+        self.blocks = nn.ModuleList(TensorParallelBlock(cfg, rope, sequence_parallel, group, context)
                                     for _ in range(cfg.n_layer))
         self.ln_f = make_norm(cfg)
         self.lm_head = ColumnParallelLinear(cfg.d_model, self.tok_emb.padded_vocab, bias=False,
@@ -101,9 +107,9 @@ class TensorParallelGPT(nn.Module):
 
     @classmethod
     def from_dense(cls, dense: GPT, group=None, *, sequence_parallel: bool = False,
-                   pad_vocab: bool = True) -> TensorParallelGPT:
+                   pad_vocab: bool = True, context=None) -> TensorParallelGPT:
         """This rank's shards of `dense` (same dtype): computes what `dense` computes."""
-        model = cls(dense.config, group, sequence_parallel=sequence_parallel, pad_vocab=pad_vocab)
+        model = cls(dense.config, group, sequence_parallel=sequence_parallel, pad_vocab=pad_vocab, context=context)
         model.to(dense.tok_emb.weight.dtype)
         model.load_dense(dict(dense.named_parameters()))
         return model
@@ -136,9 +142,7 @@ class TensorParallelGPT(nn.Module):
             split_evenly(T, tp_size(self.group), "sequence length")
         x = self.tok_emb(idx)  # (B, T, d), or (B, T/t, d): this rank's sequence shard
         if self.pos_emb is not None:
-            local_T = x.size(SEQ_DIM)
-            start = tp_rank(self.group) * local_T if self.sequence_parallel else 0
-            x = x + self.pos_emb(torch.arange(start, start + local_T, device=idx.device))
+            x = x + self.pos_emb(self.token_positions(T, idx.device))
         x = self.drop(x)
         for block in self.blocks:
             x = block(x)
@@ -148,6 +152,12 @@ class TensorParallelGPT(nn.Module):
             loss = vocab_parallel_cross_entropy(logits, targets, self.tok_emb.vocab_start, self.config.vocab_size,
                                                 self.group)
         return logits, loss
+
+    def token_positions(self, T: int, device=None) -> torch.Tensor:
+        """Global positions of the rows this rank holds after the embedding, for `T` input tokens:
+        its context-parallel chunks (or 0..T-1), and with sequence parallelism its 1/t of them."""
+        pos = self.context.positions(T, device) if self.context is not None else torch.arange(T, device=device)
+        return pos.chunk(tp_size(self.group))[tp_rank(self.group)] if self.sequence_parallel else pos
 
     def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """All ranks' vocabulary columns, padding dropped: (B, T, vocab). For inspection only:

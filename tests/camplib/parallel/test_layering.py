@@ -11,7 +11,7 @@ import camplib
 ROOT = Path(camplib.__file__).parent
 RUNNERS = {"camplib.dist.harness", "camplib.parallel.train_ranks", "camplib.parallel.zero_run",
            "camplib.parallel.compression_run", "camplib.parallel.tensor_run", "camplib.parallel.pipeline_run",
-           "camplib.parallel.context_run", "camplib.parallel.hybrid_run"}
+           "camplib.parallel.context_run", "camplib.parallel.hybrid_run", "camplib.parallel.pipeline_bubble"}
 LIBRARY = ["dist/launch.py", "dist/ring.py", "dist/counting.py", "dist/ranks.py", "parallel/__init__.py",
            "parallel/data_parallel.py", "parallel/zero.py", "parallel/zero_memory.py", "parallel/compression.py",
            "parallel/model_specs.py", "parallel/reference.py",

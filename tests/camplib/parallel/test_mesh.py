@@ -92,3 +92,39 @@ def test_process_mesh_on_the_wrong_world_fails_on_every_rank_without_hanging():
     from camplib.dist import RankError
     with pytest.raises(RankError, match=r"needs 3 ranks, but there are 2"):
         on_ranks(_wrong_world, 2, timeout=10)
+
+
+def test_dp_cp_and_embedding_groups_join_the_right_ranks():
+    """"dp_cp": the ranks sharing pp and tp (the hybrid trainer's gradient average); "embedding":
+    the first and last stage of each pipeline (a tied embedding's gradient sum)."""
+    shape = MeshShape(dp=2, pp=3, cp=2, tp=2)
+    groups = shape.group_ranks("dp_cp")
+    assert sorted(r for g in groups for r in g) == list(range(24))
+    for g in groups:
+        coords = [shape.coords(r) for r in g]
+        assert len({(c["pp"], c["tp"]) for c in coords}) == 1, g
+        assert sorted((c["dp"], c["cp"]) for c in coords) == [(0, 0), (0, 1), (1, 0), (1, 1)], g
+    for first, last in shape.embedding_ranks():
+        a, b = shape.coords(first), shape.coords(last)
+        assert (a.pop("pp"), b.pop("pp")) == (0, 2) and a == b, (first, last)
+    assert len(shape.embedding_ranks()) == 8          # one per pipeline; the middle stage is in none
+    assert MeshShape(dp=2).embedding_ranks() == [[0], [1]]
+    with pytest.raises(ValueError, match="unknown mesh dimension 'dp_tp'"):
+        shape.group_ranks("dp_tp")
+
+
+def _embedding_rank(rank, world_size):
+    mesh = ProcessMesh(MeshShape(pp=3))
+    try:
+        group = mesh.group("embedding")
+    except ValueError as err:
+        return {"sum": None, "error": str(err)}
+    x = torch.tensor([float(rank)])
+    dist.all_reduce(x, group=group)
+    return {"sum": x.item(), "error": None}
+
+
+def test_a_middle_stage_is_in_no_embedding_group_and_says_so():
+    out = on_ranks(_embedding_rank, 3, timeout=30)
+    assert out["sum"] == [2.0, None, 2.0], out
+    assert "rank 1 (pp=1 of 3) is in no 'embedding' group" in out["error"][1], out["error"]

@@ -17,13 +17,15 @@ from camplib.parallel.reference import make_data
 CONFIG = {"vocab_size": 30, "n_layer": 3, "n_head": 2, "d_model": 16, "max_seq_len": 8, "tie_embeddings": False}
 
 
-@pytest.mark.parametrize("shape, m", [(MeshShape(dp=2, pp=2), 2), (MeshShape(pp=3, tp=2), 1)],
-                         ids=["dp2-pp2-m2", "pp3-tp2-m1"])
-def test_planned_bytes_equal_the_measured_ones(shape, m):
-    spec = {"kind": "gpt", "config": CONFIG, "dtype": "float64", "seed": 0}
+@pytest.mark.parametrize("shape, m, tied", [(MeshShape(dp=2, pp=2), 2, False), (MeshShape(pp=3, tp=2), 1, False),
+                                           (MeshShape(pp=2, cp=2), 2, True)],
+                         ids=["dp2-pp2-m2", "pp3-tp2-m1", "pp2-cp2-m2-tied"])
+def test_planned_bytes_equal_the_measured_ones(shape, m, tied):
+    config = CONFIG | {"tie_embeddings": tied}
+    spec = {"kind": "gpt", "config": config, "dtype": "float64", "seed": 0}
     data = make_data(spec, 1, 8, seed=1, seq_len=8)
     got = train_hybrid(spec, data, 1, shape, m=m, hyper={"lr": 1e-2}, timeout=30)
-    cost = layout_cost(GPTConfig(**CONFIG), shape, 8, 8, m, param_bytes=8)
+    cost = layout_cost(GPTConfig(**config), shape, 8, 8, m, param_bytes=8)
     for rank, c in enumerate(got["coords"]):
         row = cost["stages"][c["pp"]]
         measured = got["bytes_per_step"][rank]
