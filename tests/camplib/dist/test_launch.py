@@ -202,7 +202,6 @@ def test_a_dead_rank_is_reported_even_when_a_peers_error_arrives_first(monkeypat
     exit is seen: the death is still what is reported, naming the other error. The grace period
     is lengthened so that rank 0's death (0.1 s after its peer's error) falls within it even on a
     crowded machine (at 0.5 s it once did not, under a load of 7 on 2 cores)."""
-    import camplib.dist.launch as launch_module
-    monkeypatch.setattr(launch_module, "GRACE_SECONDS", 10.0)
+    monkeypatch.setattr(sys.modules["camplib.dist.launch"], "GRACE_SECONDS", 10.0)
     with pytest.raises(RankDied, match=r"rank 0 died without a result .exit code 3.*rank 1 raised RuntimeError"):
         launch(_dies_after_its_peer_raised, 2, timeout=30)
