@@ -117,8 +117,10 @@ class _null:
 
 
 def pretrain(cfg: PretrainConfig, data: CodeData, report: Callable[[int, float], None] | None = None,
-             progress: bool = False) -> tuple[GPT, Trainer, list[tuple[int, float]]]:
+             progress: bool = False, stop_after: int | None = None) -> tuple[GPT, Trainer, list[tuple[int, float]]]:
     """Train a new model for cfg.steps optimizer steps (resuming cfg.ckpt_dir/last.pt if there).
+    stop_after=k stops after step k as if the run were killed there (the schedule still spans
+    cfg.steps), so a later call resumes it from its checkpoint.
 
     Returns (model, trainer, [(step, validation loss), ...]); trainer.losses is the training
     curve. `report(step, val_loss)` is called at each evaluation and may raise to stop the run."""
@@ -143,7 +145,7 @@ def pretrain(cfg: PretrainConfig, data: CodeData, report: Callable[[int, float],
             if report is not None:
                 report(t.step, loss)
 
-    trainer.fit(cfg.steps, callback=evaluate)
+    trainer.fit(min(cfg.steps, stop_after or cfg.steps), callback=evaluate)
     return model.eval(), trainer, history
 
 
