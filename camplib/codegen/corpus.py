@@ -18,14 +18,12 @@ from typing import Callable, Sequence
 
 import torch
 
-from camplib.codegen.fim import FIM_TOKENS
+from camplib.codegen.sentinels import EOT, SPECIAL_TOKENS
 from camplib.data import pack, read_corpus, split_files, stdlib_files, stdlib_root
 from camplib.tokenizer import ByteBPE
 
 __all__ = ["EOT", "SPECIAL_TOKENS", "CodeCorpus", "load_corpus", "chunk_lines", "train_tokenizer", "encode_blocks"]
 
-EOT = "<|endoftext|>"
-SPECIAL_TOKENS = (EOT, *FIM_TOKENS)
 
 
 @dataclass

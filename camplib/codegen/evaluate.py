@@ -54,7 +54,8 @@ def next_line_tasks(docs: Sequence[str], n: int, seed: int = 0, min_context_line
 @torch.no_grad()
 def continue_text(model, bpe: ByteBPE, prompt: str, max_new_tokens: int, temperature: float = 0.0,
                   top_p: float | None = None, generator: torch.Generator | None = None) -> str:
-    """The model's continuation of prompt (special tokens allowed in it), cut at an end of text.
+    """The model's continuation of prompt (special tokens allowed in it), cut at the first special
+    token it writes (an end of text, or a stray sentinel).
     Only the last max_seq_len - max_new_tokens prompt tokens are kept (the context window)."""
     room = model.config.max_seq_len - max_new_tokens
     if room < 1:
@@ -64,9 +65,9 @@ def continue_text(model, bpe: ByteBPE, prompt: str, max_new_tokens: int, tempera
     device = next(model.parameters()).device
     out = generate(model.eval(), torch.tensor([ids], device=device), max_new_tokens, temperature=temperature,
                    top_p=top_p, eos_id=eot, generator=generator)[0, len(ids):].tolist()
-    if eot in out:
-        out = out[:out.index(eot)]
-    return bpe.decode(out)
+    special = set(bpe.special_tokens.values())   # a sentinel in the output: the model has lost track
+    cut = next((i for i, t in enumerate(out) if t in special), len(out))
+    return bpe.decode(out[:cut])
 
 
 def predict_next_lines(model, bpe: ByteBPE, prompts: Sequence[str], max_new_tokens: int = 24) -> list[str]:

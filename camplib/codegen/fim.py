@@ -18,11 +18,11 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
+from camplib.codegen.sentinels import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, FIM_TOKENS
+
 __all__ = ["FIM_PREFIX", "FIM_SUFFIX", "FIM_MIDDLE", "FIM_TOKENS", "fim_split", "apply_fim", "fim_parts",
            "fim_prompt"]
 
-FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
-FIM_TOKENS = (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)
 
 
 def fim_split(text: str, start: int, end: int) -> str:
