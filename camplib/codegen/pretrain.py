@@ -12,7 +12,7 @@ Trainer refuses fp16, which would need loss scaling); on the CPU everything stay
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -29,7 +29,7 @@ from camplib.tokenizer import ByteBPE
 from camplib.trainer import Trainer
 
 __all__ = ["PretrainConfig", "CodeData", "prepare_data", "build_model", "validation_loss", "pretrain",
-           "save_code_model", "autocast_dtype_for"]
+           "save_code_model", "pretrain_code_model", "autocast_dtype_for"]
 
 
 @dataclass
@@ -155,9 +155,12 @@ def save_code_model(path: str | Path, model: GPT, bpe: ByteBPE) -> Path:
     return save_for_serving(path, model.to("cpu"), bpe)
 
 
-def config_dict(cfg: PretrainConfig) -> dict:
-    return asdict(cfg)
-
-
-def with_hparams(cfg: PretrainConfig, **hparams) -> PretrainConfig:
-    return replace(cfg, **hparams)
+def pretrain_code_model(cfg: PretrainConfig | None = None, path: str | Path | None = None,
+                        fim: Callable = apply_fim) -> tuple[GPT, ByteBPE, Path | None]:
+    """The p01 model in one call, without the notebook: data, pretraining, and (when `path` is
+    given) the serving checkpoint there. Returns (model in eval mode, tokenizer, path or None)."""
+    cfg = cfg or PretrainConfig()
+    data = prepare_data(cfg, fim)
+    model, _, _ = pretrain(cfg, data)
+    saved = save_code_model(path, model, data.bpe) if path is not None else None
+    return model, data.bpe, saved

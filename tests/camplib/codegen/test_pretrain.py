@@ -5,7 +5,8 @@ import torch
 
 from camplib.codegen.corpus import chunk_lines, load_corpus
 from camplib.codegen.evaluate import _function_program, continue_text, next_line_tasks, token_losses
-from camplib.codegen.pretrain import PretrainConfig, build_model, prepare_data, pretrain, save_code_model
+from camplib.codegen.pretrain import (PretrainConfig, build_model, prepare_data, pretrain, pretrain_code_model,
+                                     save_code_model)
 from camplib.serving.loading import load_camplib
 from tests.support import assert_close
 
@@ -55,3 +56,9 @@ def test_task_builders():
     assert sorted(tasks) == [("a\nb\n", "c"), ("a\nb\nc\n", "  d")]
     program = _function_program("    def f(self):", "\n        return 1\n    def g(self):\n")
     assert program == "def f(self):\n\n    return 1\n"
+
+
+def test_pretrain_code_model_in_one_call(tmp_path):
+    model, bpe, path = pretrain_code_model(PretrainConfig(**{**TINY, "steps": 2}), tmp_path / "m.pt")
+    served = load_camplib(path)
+    assert served.model.config == model.config and served.encode("x = 1") == bpe.encode("x = 1")
