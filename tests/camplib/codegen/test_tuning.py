@@ -53,6 +53,7 @@ def test_a_broken_objective_fails_loudly():
         run_study(broken, None, n_trials=2)
 
 
+@pytest.mark.slow   # matplotlib and fANOVA: 3-8 s on 2 busy cores
 def test_plots_and_importances():
     study = run_study(objective, lambda hp, report: synthetic_curve(hp)[-1], n_trials=6, seed=1)
     imp = importances(study)
