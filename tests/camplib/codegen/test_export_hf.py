@@ -11,7 +11,7 @@ from tests.support import assert_close
 
 @pytest.mark.parity
 @pytest.mark.slow   # importing transformers' Llama: 3-17 s on 2 busy cores
-def test_llama_folder_gives_the_same_logits(tmp_path):
+def test_llama_folder_gives_the_same_logits(tmp_path, capfd):
     torch.manual_seed(0)
     model = GPT(GPTConfig.llama_style(vocab_size=300, d_model=32, n_layer=2, n_head=4, n_kv_head=2,
                                       max_seq_len=64)).eval()
@@ -20,6 +20,7 @@ def test_llama_folder_gives_the_same_logits(tmp_path):
     assert (folder / "config.json").exists() and (folder / "model.safetensors").exists()
     hf = load_hf_llama(folder)
     assert type(hf).__name__ == "LlamaForCausalLM"
+    assert capfd.readouterr().err == "", "saving and loading must keep stderr clean (graded cells)"
     idx = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert_close("LlamaForCausalLM logits vs camplib GPT", hf(idx).logits, model(idx)[0], atol=1e-5, rtol=1e-5)
