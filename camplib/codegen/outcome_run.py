@@ -1,9 +1,11 @@
-"""The p01 lab's outcome check, run next to the student's code: a short pretraining run whose
-training chunks go through the student's FIM transform, and what the grader needs to judge it.
+"""The p01 lab's outcome check: a short pretraining run whose training chunks go through the
+student's FIM transform, and what a test needs to judge it.
 
-Returns plain data only (losses, counts, weights), so the grader computes the perplexities and
-compares with the baselines and with transformers on its own side. A runner (it calls the
-function it is given): no library module imports it.
+The grader runs it on its own side: the only call into the student's process is `fim(docs,
+rate, seed)` (strings in, strings out), so the training, the losses and the baselines are the
+course's, and the import of torch's compiler stack that the first optimizer triggers is paid
+once per grading process instead of once per submission. Returns plain data (losses, counts,
+weights). A runner (it calls the function it is given): no library module imports it.
 """
 from __future__ import annotations
 
