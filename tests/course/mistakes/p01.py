@@ -1,0 +1,33 @@
+"""Typical mistakes in lab p01: each must lose exactly its exercise's points, with a message
+that helps (graded by tests/course/test_labs.py). Each is the reference solution with one edit."""
+from autograder.course.reference import solution_cells
+from tests.course.mistakes import Mistake
+
+
+def _edit(grade_id: str, old: str, new: str):
+    def make() -> str:
+        source = solution_cells("p01")[grade_id]
+        if old not in source:
+            raise AssertionError(f"p01 mistake: {old!r} is no longer in the solution of {grade_id}")
+        return source.replace(old, new)
+    return make
+
+
+MISTAKES = [
+    # FIM in PMS order: the middle before the suffix, so the model never learns to use the suffix
+    # (the short pretraining still works: only the layout test fails)
+    Mistake("fim", _edit("fim", 'return f"{FIM_PREFIX}{prefix}{FIM_SUFFIX}{suffix}{FIM_MIDDLE}{middle}"',
+                         'return f"{FIM_PREFIX}{prefix}{FIM_SUFFIX}{middle}{FIM_MIDDLE}{suffix}"'),
+            3, "MIDDLE last"),
+    # perplexity from the summed loss: grows with the length of the text
+    Mistake("perplexity", _edit("perplexity", "return math.exp(float(token_losses.double().mean()))",
+                                "return math.exp(float(token_losses.double().sum()))"),
+            2, "the MEAN loss"),
+    # strip() instead of rstrip(): indentation, which is Python syntax, no longer counts
+    Mistake("next_line", _edit("next_line", 'first = lambda text: text.split("\\n", 1)[0].rstrip()',
+                               'first = lambda text: text.split("\\n", 1)[0].strip()'),
+            2, "indentation counts"),
+    # reports but never asks the pruner: no trial is ever stopped early
+    Mistake("objective", _edit("objective", "        if trial.should_prune():\n            raise optuna.TrialPruned()\n", "        pass\n"),
+            3, "trial.should_prune()"),
+]
