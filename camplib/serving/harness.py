@@ -44,7 +44,8 @@ def run_requests(config: dict, params: dict[str, torch.Tensor], requests: list[d
 
     Each request is {"prompt": [ids], "max_tokens": n, "arrival": step (default 0),
     "abort_at": step or None (its client disconnects before that step)}. A request that arrives
-    at step s is added just before step s runs. Returns plain data:
+    at step s is added just before step s runs. The prefill budget is large by default, so an
+    admission waits only for room in the batch and for KV blocks. Returns plain data:
       outputs, finish_reasons, preemptions, first_token_step (the step that gave each request its
       first token; None if it never got one), blocks_in_use_end, num_blocks, and
       steps: one dict per step {"running": request indices in the batch after the step,
