@@ -15,6 +15,13 @@ schedules checks that, so only the measurement is printed here.) Each rank needs
 least p cores (it prints the core count).
 
     .venv/bin/python benchmarks/pipeline_bubble.py [--ps 2 4] [--ms 1 2 4 8] [--vs 2] [--layers 8]
+
+With `--sleeping F` the stages are `camplib.parallel.pipeline_bubble.SleepStage`s instead (F
+seconds a forward, 2F a backward): uniform whatever the cores or the load, so any machine
+measures the schedule and its messages. Each message on the critical path adds a wake-up (a
+few ms on a loaded machine), so the measured bubble nears the theory as F grows.
+
+    .venv/bin/python benchmarks/pipeline_bubble.py --sleeping 0.5 --ms 2 4 8
 """
 from __future__ import annotations
 
@@ -48,7 +55,12 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--micro-batch", type=int, default=2, help="sequences per micro-batch")
     parser.add_argument("--steps", type=int, default=3, help="steps per run; the last one is measured")
+    parser.add_argument("--sleeping", type=float, default=None, metavar="F",
+                        help="stages that sleep F s a forward and 2F a backward instead of the GPT")
     args = parser.parse_args()
+    if args.sleeping is not None:
+        sleeping(args)
+        return
     torch.manual_seed(0)
     gpt = GPT(GPTConfig.gpt2_style(n_layer=args.layers, d_model=args.d_model, n_head=4, vocab_size=64,
                                    max_seq_len=args.seq, tie_embeddings=False))
@@ -70,6 +82,22 @@ def main() -> None:
                 ratio = bubble / theory if theory else float("nan")
                 print(f"{name:>11} {p:>2} {m:>2} {v:>2} {bubble:9.3f} {theory:7.3f} {ratio:6.2f} "
                       f"{tf * 1e3:7.2f} {tb * 1e3:7.2f}  {out['peak_in_flight']}")
+
+
+def sleeping(args) -> None:
+    from camplib.parallel.pipeline_bubble import measure_bubbles
+
+    print(f"{os.cpu_count()} cores; sleeping stages, {args.sleeping * 1e3:.0f} ms a forward, "
+          f"{2 * args.sleeping * 1e3:.0f} ms a backward; bubble = idle / (p * step time)")
+    print(f"{'schedule':>11} {'p':>2} {'m':>2} {'v':>2} {'measured':>9} {'theory':>7} {'ratio':>6} {'step s':>7}")
+    for v in args.vs:
+        rows = measure_bubbles(["gpipe", "1f1b", "interleaved"], ps=args.ps, ms=args.ms, v=v,
+                               forward_s=args.sleeping, backward_s=2 * args.sleeping, timeout=600)
+        for r in rows:
+            if r["schedule"] != "interleaved" and v != args.vs[0]:
+                continue
+            print(f"{r['schedule']:>11} {r['p']:>2} {r['m']:>2} {r['v']:>2} {r['measured']:9.3f} "
+                  f"{r['theory']:7.3f} {r['measured'] / r['theory']:6.2f} {r['step_s']:7.1f}")
 
 
 if __name__ == "__main__":
