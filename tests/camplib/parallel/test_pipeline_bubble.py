@@ -2,11 +2,12 @@
 ranks (its own `pipeline_step`, sends and receives) with uniform stage compute (sleeping stages),
 within 10% of (p-1)/(m+p-1) for GPipe and 1F1B, p in {2, 4}, m in {1, 2, 4, 8}.
 
-Tolerance: 10% of the theory, relative (the issue's claim). Measured here (2 shared cores, load
-5-7): at most 9.97% (GPipe, p=2, m=8), most cases under 3%; the error is the receive's wake-up
-on the critical path (a few ms per message on a loaded machine, ~0.1 ms on a quiet one), which
-the sleeps (30 ms forward, 60 ms backward) keep small. A case further than 10% is measured again
-(up to 3 times, the smallest bubble kept): an overloaded moment only ever adds idle time.
+Tolerance: 10% of the theory, relative (the issue's claim). The error is the receive's wake-up on
+the critical path (a few ms per message on a loaded machine, ~0.1 ms on a quiet one); the sleeps
+keep it small next to a stage's time. With 30 / 60 ms stages it reached 9.97% at load 5-7 and
+12-23% for m = 8 at load 6 (a full-suite run with other work beside it); with 80 / 160 ms the
+latency's share is under half that. A case further than 10% is measured again (up to 3 times, the
+smallest bubble kept): an overloaded moment only ever adds idle time.
 """
 import pytest
 
@@ -24,9 +25,9 @@ def test_the_measured_definition_equals_the_simulators_bubble(name, p, m):
     assert step == pytest.approx(sim["makespan"], abs=1e-12)
 
 
-@pytest.mark.slow   # 8-9 s of sleeping stages, plus a launch: 12-20 s on 2 loaded cores
+@pytest.mark.slow   # ~22 s of sleeping stages (little CPU), plus a launch
 def test_measured_bubble_is_within_10_percent_of_theory_for_gpipe_and_1f1b():
-    rows = measure_bubbles(("gpipe", "1f1b"), ps=(2, 4), ms=(1, 2, 4, 8), forward_s=0.03, backward_s=0.06,
+    rows = measure_bubbles(("gpipe", "1f1b"), ps=(2, 4), ms=(1, 2, 4, 8), forward_s=0.08, backward_s=0.16,
                            retry_above=0.10, attempts=3)
     assert len(rows) == 16
     bad = [r for r in rows if abs(r["measured"] - r["theory"]) > 0.10 * r["theory"]]
