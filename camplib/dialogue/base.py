@@ -3,7 +3,7 @@
 - source "tiny" (the CI profile): built here from camplib pieces in a few seconds. A byte-level
   BPE (camplib.tokenizer) trained on a slice of the standard library plus the dialogue data's
   training texts, with the chat special tokens; a small Llama-style camplib GPT pretrained
-  briefly (camplib.trainer) on the same standard-library slice and the *user* turns of the
+  briefly (camplib.optim.AdamW, a plain loop) on the same standard-library slice and the *user* turns of the
   training conversations (never the assistant's answers: the base must not know the task).
 - a path to a camplib serving checkpoint ({"config", "model", "tokenizer"},
   camplib.serving.loading.save_for_serving): p01's model, once it exists.
@@ -65,11 +65,11 @@ def train_tiny_tokenizer(vocab_size: int = 512, stdlib_chars: int = 20_000, seed
 
 def pretrain_tiny(bpe: ByteBPE, config: GPTConfig, steps: int, stdlib_chars: int, seed: int, n_train: int,
                   batch_size: int = 8, lr: float = 3e-3, device: str = "cpu") -> GPT:
-    """Next-token pretraining on standard-library text and user turns, packed into blocks."""
+    """Next-token pretraining on standard-library text and user turns, packed into blocks: a
+    plain loop (AdamW with a linear warm-up, clipping) on shuffled blocks, seeded."""
     from camplib.data import pack
-    from camplib.optim import AdamW
-    from camplib.schedule import warmup_scheduler
-    from camplib.trainer import Trainer
+    from camplib.dialogue.sft import plain_adamw
+    from camplib.optim import clip_grad_norm_
 
     eos = bpe.special_tokens[ENDOFTEXT]
     user_turns = "".join(f"{IM_START}user\n{t}{IM_END}\n" for t in _dialogue_texts(seed, n_train, roles=("user",)))
@@ -77,20 +77,26 @@ def pretrain_tiny(bpe: ByteBPE, config: GPTConfig, steps: int, stdlib_chars: int
     blocks = pack(ids, config.max_seq_len, eos)   # blocks of max_seq_len + 1
     torch.manual_seed(seed)
     model = GPT(config).to(device)
-
-    def loader(epoch: int):
-        order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
-        for i in range(0, len(order) - batch_size + 1, batch_size):
-            b = blocks[order[i:i + batch_size]]
-            yield b[:, :-1], b[:, 1:]
-
-    optimizer = AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    if steps == 0:
-        return model.eval()
-    trainer = Trainer(model, optimizer, warmup_scheduler(optimizer, "cosine", max(1, steps // 10), steps, 0.1),
-                      loader, device=device, progress=False)
-    trainer.fit(steps)
-    model.pretrain_losses = trainer.losses
+    params = list(model.parameters())
+    optimizer = plain_adamw(params, lr)
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.empty(0, dtype=torch.long)
+    losses = []
+    model.train()
+    for step in range(steps):
+        if len(order) < batch_size:
+            order = torch.cat([order, torch.randperm(len(blocks), generator=gen)])
+        rows, order = order[:batch_size], order[batch_size:]
+        b = blocks[rows].to(device)
+        optimizer.param_groups[0]["lr"] = lr * min(1.0, (step + 1) / max(1, steps // 10))
+        loss = model(b[:, :-1], b[:, 1:])[1]
+        for p in params:
+            p.grad = None
+        loss.backward()
+        clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    model.pretrain_losses = losses
     return model.eval()
 
 

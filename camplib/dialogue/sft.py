@@ -27,7 +27,7 @@ from camplib.lora import inject_lora, lora_modules
 from camplib.model import GPT, GPTConfig
 from camplib.optim import AdamW, clip_grad_norm_
 
-__all__ = ["TARGETS", "batches_of", "lora_sft", "sft_for_grading", "load_lora"]
+__all__ = ["TARGETS", "plain_adamw", "batches_of", "lora_sft", "sft_for_grading", "load_lora"]
 
 TARGETS = ["qkv", "proj", "gate", "up", "down"]     # every Linear of a Llama-style block
 
@@ -47,7 +47,7 @@ def batches_of(data: dict[str, torch.Tensor], batch_size: int, steps: int, seed:
     return out
 
 
-def _light_adamw(params: list[torch.Tensor], lr: float) -> AdamW:
+def plain_adamw(params: list[torch.Tensor], lr: float) -> AdamW:
     """camplib.optim.AdamW (weight decay 0) without torch.optim.Optimizer.__init__: that constructor
     imports torch's compiler stack on first use (torch._dynamo and sympy, 2-3 s of CPU), which a
     grading sandbox would pay on every submission. AdamW.step reads `param_groups` and `state`,
@@ -75,7 +75,7 @@ def lora_sft(model: torch.nn.Module, batches: Sequence[dict], loss_fn: Callable,
     if train_embeddings:
         model.tok_emb.weight.requires_grad_(True)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = _light_adamw(params, lr)
+    optimizer = plain_adamw(params, lr)
     device = next(model.parameters()).device
     model.train()
     losses = []
