@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-__all__ = ["INTENTS", "make_intent_dataset"]
+__all__ = ["INTENTS", "make_intent_dataset", "phrasings", "products"]
 
 _TEMPLATES: dict[str, list[str]] = {
     "refund": [
@@ -70,6 +70,19 @@ _OPEN = ["", "", "", "hi, ", "hello, ", "hey, ", "good morning, "]
 _CLOSE = ["", "", "", " thanks", " please", "!", "?", " asap"]
 
 
+def phrasings(intent: str, held_out: bool = False) -> list[str]:
+    """The request templates of `intent` ({product}, {order}, {when} slots) in one split: every
+    fourth is held out. Public so that other data sets (p02's dialogues) reuse the wording."""
+    if intent not in _TEMPLATES:
+        raise ValueError(f"unknown intent {intent!r}; known: {INTENTS}")
+    return [t for i, t in enumerate(_TEMPLATES[intent]) if (i % 4 == 3) == held_out]
+
+
+def products(held_out: bool = False) -> list[str]:
+    """The product names of one split (held-out products never appear in training)."""
+    return list(_PRODUCTS[1 if held_out else 0])
+
+
 def _fill(template: str, rng: random.Random, held_out: bool) -> str:
     pick = 1 if held_out else 0
     text = template.format(product=rng.choice(_PRODUCTS[pick]), when=rng.choice(_WHEN[pick]),
@@ -87,9 +100,7 @@ def make_intent_dataset(n_train_per_intent: int = 40, n_test_per_intent: int = 2
     rng = random.Random(seed)
     splits = {"train": ([], []), "test": ([], [])}
     for label, intent in enumerate(INTENTS):
-        templates = _TEMPLATES[intent]
-        train_t = [t for i, t in enumerate(templates) if i % 4 != 3]
-        test_t = [t for i, t in enumerate(templates) if i % 4 == 3]
+        train_t, test_t = phrasings(intent), phrasings(intent, held_out=True)
         for split, pool, n in (("train", train_t, n_train_per_intent), ("test", test_t, n_test_per_intent)):
             for k in range(n):
                 splits[split][0].append(_fill(pool[k % len(pool)], rng, held_out=split == "test"))
