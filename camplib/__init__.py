@@ -10,8 +10,13 @@ style decoder), `hf` (weights exchanged with Hugging Face `transformers`), `toke
 gradients, optimizer state and activations), `checkpointing` (activation checkpointing),
 `fused` (LayerNorm+GELU through torch.compile), `dist` (running N ranks, and `on_ranks`, the one
 way to run a function on them and collect plain data; ring collectives from send/recv, bytes
-measured) and `parallel` (training on many ranks: data parallelism with
-bucketed all-reduce launched from autograd hooks, ZeRO stages 1-3, compressed all-reduce).
+measured), `parallel` (training on many ranks: data parallelism with bucketed all-reduce launched
+from autograd hooks, ZeRO stages 1-3, compressed all-reduce, tensor / sequence / pipeline /
+context parallelism, the 4D mesh, distributed checkpoints), `losses` (cross-entropy),
+`monitoring` (TensorBoard and Prometheus metrics), `profiling` (where a step's time goes, MFU),
+`lora`, `prompt_tuning` and `intents` (fine-tuning, a06), `quant` (a07), `compress` (pruning,
+distillation, graph capture: a08), `kernels` (FlashAttention, Triton, fused operators: a09), and
+what the projects leave behind: `codegen` (p01), `dialogue` (p02), `serving` (p03).
 
 Importing `camplib` imports nothing heavy: submodules are loaded when first used, so
 `import camplib` stays cheap and never pulls in `transformers`.
@@ -19,7 +24,9 @@ Importing `camplib` imports nothing heavy: submodules are loaded when first used
 import importlib
 
 __all__ = ["device", "attention", "rope", "model", "hf", "tokenizer", "data", "optim", "schedule",
-           "checkpoint", "trainer", "generate", "dist", "amp", "memory", "checkpointing", "fused", "parallel"]
+           "checkpoint", "trainer", "generate", "dist", "amp", "memory", "checkpointing", "fused", "parallel",
+           "losses", "monitoring", "profiling", "lora", "prompt_tuning", "intents", "quant", "compress",
+           "kernels", "codegen", "dialogue", "serving"]
 
 
 def __getattr__(name):

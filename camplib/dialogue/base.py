@@ -3,7 +3,7 @@
 - source "tiny" (the CI profile): built here from camplib pieces in a few seconds. A byte-level
   BPE (camplib.tokenizer) trained on a slice of the standard library plus the dialogue data's
   training texts, with the chat special tokens; a small Llama-style camplib GPT pretrained
-  briefly (camplib.optim.AdamW, a plain loop) on the same standard-library slice and the *user* turns of the
+  briefly (camplib.optim.PlainAdamW, a plain loop) on the same standard-library slice and the *user* turns of the
   training conversations (never the assistant's answers: the base must not know the task).
 - a path to a camplib serving checkpoint ({"config", "model", "tokenizer"},
   camplib.serving.loading.save_for_serving): p01's model, once it exists.
@@ -68,8 +68,7 @@ def pretrain_tiny(bpe: ByteBPE, config: GPTConfig, steps: int, stdlib_chars: int
     """Next-token pretraining on standard-library text and user turns, packed into blocks: a
     plain loop (AdamW with a linear warm-up, clipping) on shuffled blocks, seeded."""
     from camplib.data import pack
-    from camplib.dialogue.sft import plain_adamw
-    from camplib.optim import clip_grad_norm_
+    from camplib.optim import PlainAdamW, clip_grad_norm_
 
     eos = bpe.special_tokens[ENDOFTEXT]
     user_turns = "".join(f"{IM_START}user\n{t}{IM_END}\n" for t in _dialogue_texts(seed, n_train, roles=("user",)))
@@ -78,7 +77,7 @@ def pretrain_tiny(bpe: ByteBPE, config: GPTConfig, steps: int, stdlib_chars: int
     torch.manual_seed(seed)
     model = GPT(config).to(device)
     params = list(model.parameters())
-    optimizer = plain_adamw(params, lr)
+    optimizer = PlainAdamW(params, lr)
     gen = torch.Generator().manual_seed(seed)
     order = torch.empty(0, dtype=torch.long)
     losses = []
@@ -88,7 +87,7 @@ def pretrain_tiny(bpe: ByteBPE, config: GPTConfig, steps: int, stdlib_chars: int
             order = torch.cat([order, torch.randperm(len(blocks), generator=gen)])
         rows, order = order[:batch_size], order[batch_size:]
         b = blocks[rows].to(device)
-        optimizer.param_groups[0]["lr"] = lr * min(1.0, (step + 1) / max(1, steps // 10))
+        optimizer.lr = lr * min(1.0, (step + 1) / max(1, steps // 10))
         loss = model(b[:, :-1], b[:, 1:])[1]
         for p in params:
             p.grad = None

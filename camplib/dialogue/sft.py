@@ -1,7 +1,7 @@
 """Supervised fine-tuning with LoRA on chat examples (camplib.lora on camplib's GPT).
 
 `lora_sft` adapts a copy-free model in place: camplib.lora.inject_lora freezes every weight and
-wraps the target Linears, then AdamW (camplib.optim's) trains only the LoRA matrices on batches of
+wraps the target Linears, then AdamW (camplib.optim.PlainAdamW) trains only the LoRA matrices on batches of
 {"input_ids", "labels"} with a masked loss (camplib.dialogue.masking.masked_cross_entropy, or a
 student's). The batches are right-padded, so the model needs no attention mask: padding only
 comes after the real tokens, which a causal model never lets them see.
@@ -18,16 +18,15 @@ from __future__ import annotations
 import hashlib
 import json
 import weakref
-from collections import OrderedDict, defaultdict
 from typing import Callable, Sequence
 
 import torch
 
 from camplib.lora import inject_lora, lora_modules
 from camplib.model import GPT, GPTConfig
-from camplib.optim import AdamW, clip_grad_norm_
+from camplib.optim import PlainAdamW, clip_grad_norm_
 
-__all__ = ["TARGETS", "plain_adamw", "batches_of", "lora_sft", "sft_for_grading", "load_lora"]
+__all__ = ["TARGETS", "batches_of", "lora_sft", "sft_for_grading", "load_lora"]
 
 TARGETS = ["qkv", "proj", "gate", "up", "down"]     # every Linear of a Llama-style block
 
@@ -47,20 +46,6 @@ def batches_of(data: dict[str, torch.Tensor], batch_size: int, steps: int, seed:
     return out
 
 
-def plain_adamw(params: list[torch.Tensor], lr: float) -> AdamW:
-    """camplib.optim.AdamW (weight decay 0) without torch.optim.Optimizer.__init__: that constructor
-    imports torch's compiler stack on first use (torch._dynamo and sympy, 2-3 s of CPU), which a
-    grading sandbox would pay on every submission. AdamW.step reads `param_groups` and `state`,
-    and, once torch has wrapped the class's step for its profiler hooks, the two hook tables:
-    all set here as the base class would (tests/camplib/dialogue compare it with torch's AdamW)."""
-    opt = AdamW.__new__(AdamW)
-    opt.defaults = dict(lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    opt.param_groups = [dict(opt.defaults, params=list(params))]
-    opt.state = defaultdict(dict)
-    opt._optimizer_step_pre_hooks, opt._optimizer_step_post_hooks = OrderedDict(), OrderedDict()
-    return opt
-
-
 def lora_sft(model: torch.nn.Module, batches: Sequence[dict], loss_fn: Callable, *, lr: float = 3e-3,
              r: int = 8, alpha: float = 16.0, targets=TARGETS, seed: int = 0,
              autocast_dtype: torch.dtype | None = None, train_embeddings: bool = False) -> list[float]:
@@ -75,7 +60,7 @@ def lora_sft(model: torch.nn.Module, batches: Sequence[dict], loss_fn: Callable,
     if train_embeddings:
         model.tok_emb.weight.requires_grad_(True)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = plain_adamw(params, lr)
+    optimizer = PlainAdamW(params, lr)   # no torch.optim.Optimizer: no compiler-stack import per sandbox
     device = next(model.parameters()).device
     model.train()
     losses = []

@@ -8,7 +8,7 @@ from torch import nn
 
 from autograder.checks import check_close, check_equal
 from camplib.model import GPT, GPTConfig
-from camplib.optim import AdamW, clip_grad_norm_, decay_param_groups
+from camplib.optim import AdamW, PlainAdamW, clip_grad_norm_, decay_param_groups
 from camplib.schedule import lr_lambda, warmup_cosine, warmup_linear, warmup_scheduler
 
 # (atol, rtol) for parameters after up to 20 AdamW steps compared with torch.optim.AdamW.
@@ -247,3 +247,30 @@ def test_warmup_scheduler_drives_each_group_and_resumes(kind, fn):
     opt2.load_state_dict(opt.state_dict())
     sched2.load_state_dict(state)
     assert lrs_of(sched2, opt2, 5) == lrs_of(sched, opt, 5)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_plain_adamw_steps_like_torch_adamw_and_imports_no_compiler(weight_decay):
+    """PlainAdamW (no torch.optim.Optimizer) takes torch.optim.AdamW's steps, a parameter without a
+    gradient left alone; in a fresh process it imports no torch._dynamo (what it exists to avoid)."""
+    import subprocess
+    import sys
+
+    gen = torch.Generator().manual_seed(0)
+    start, grads = torch.randn(2, 5, generator=gen), [torch.randn(5, generator=gen) for _ in range(4)]
+    ours = [nn.Parameter(start[0].clone()), nn.Parameter(start[1].clone())]
+    theirs = nn.Parameter(start[0].clone())
+    ref = torch.optim.AdamW([theirs], lr=0.05, weight_decay=weight_decay)
+    plain = PlainAdamW(ours, lr=0.05, weight_decay=weight_decay)
+    for g in grads:
+        ours[0].grad, theirs.grad = g.clone(), g.clone()
+        plain.step()
+        ref.step()
+        plain.zero_grad()
+    check_close("PlainAdamW after 4 steps vs torch.optim.AdamW", ours[0], theirs, atol=1e-7, rtol=1e-6)
+    check_equal("a parameter with no gradient", ours[1], start[1])
+    code = ("import sys, torch; from torch import nn; from camplib.optim import PlainAdamW\n"
+            "p = nn.Parameter(torch.ones(3)); o = PlainAdamW([p], lr=0.1); p.grad = torch.ones(3); o.step()\n"
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -12,7 +12,7 @@ from camplib.dialogue.chat_tokenizer import hf_from_bpe
 from camplib.dialogue.data import make_dialogues
 from camplib.dialogue.evaluate import assistant_turns, evaluate, score, score_turn
 from camplib.dialogue.masking import encode_chat, masked_cross_entropy, pad_batch
-from camplib.dialogue.sft import plain_adamw, load_lora, sft_for_grading
+from camplib.dialogue.sft import load_lora, sft_for_grading
 from camplib.serving.loading import save_for_serving
 from camplib.tokenizer import ByteBPE
 
@@ -29,22 +29,6 @@ def test_score_turn_and_per_turn_means():
                              2: {"exact_match": 0.0, "slot_accuracy": 0.0, "n": 1}}
     with pytest.raises(ValueError):
         score([], [])
-
-
-@pytest.mark.parametrize("torch_first", [False, True])
-def test_plain_adamw_steps_like_torch_adamw(torch_first):
-    """Whether or not torch has already wrapped the class's step (another AdamW built first)."""
-    gen = torch.Generator().manual_seed(0)
-    start, grads = torch.randn(5, generator=gen), [torch.randn(5, generator=gen) for _ in range(4)]
-    ours, theirs = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
-    ref = torch.optim.AdamW([theirs], lr=0.05, weight_decay=0.0) if torch_first else None
-    light = plain_adamw([ours], 0.05)
-    ref = ref or torch.optim.AdamW([theirs], lr=0.05, weight_decay=0.0)
-    for g in grads:
-        ours.grad, theirs.grad = g.clone(), g.clone()
-        light.step()
-        ref.step()
-    assert torch.allclose(ours, theirs, atol=1e-7), (ours, theirs)
 
 
 def test_assistant_turns_give_history_up_to_the_user():
