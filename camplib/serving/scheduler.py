@@ -9,8 +9,9 @@ Each step, `schedule()`:
    same), as vLLM does by default;
 2. admits waiting sequences, oldest first, while the batch has room (`max_batch`), the step's
    prefill budget (`max_prefill_tokens`) allows and their prompt's blocks are free.
-`add` refuses (QueueFull) beyond `max_waiting` queued requests: a request storm gets a clear
-"try later" instead of unbounded memory.
+`add` refuses (QueueFull) beyond `max_waiting` queued requests (not counting those the next
+step admits into free batch slots): a request storm gets a clear "try later" instead of
+unbounded memory.
 """
 from __future__ import annotations
 
@@ -38,8 +39,12 @@ class Scheduler:
         self.running: list[Sequence] = []
 
     def add(self, seq: Sequence) -> None:
-        if len(self.waiting) >= self.max_waiting:
-            raise QueueFull(f"{len(self.waiting)} requests already waiting (limit {self.max_waiting})")
+        # requests the next step admits into free batch slots are not queued: a burst of up to
+        # max_batch - running + max_waiting requests arriving between two steps is accepted
+        limit = self.max_waiting + max(0, self.max_batch - len(self.running))
+        if len(self.waiting) >= limit:
+            raise QueueFull(f"{len(self.waiting)} requests already waiting (limit {self.max_waiting} "
+                            f"beyond the {self.max_batch - len(self.running)} free batch slots)")
         if self.blocks.blocks_needed(len(seq) + seq.params.max_tokens) > self.blocks.num_blocks:
             raise ValueError(f"a request of {len(seq)} + {seq.params.max_tokens} tokens needs more KV blocks "
                              f"than the whole cache has ({self.blocks.num_blocks} of {self.blocks.block_size})")

@@ -48,9 +48,15 @@ def test_batch_limit_and_finish_free_blocks():
     assert bm.blocks_in_use == 0 and not sched.has_work()
 
 
-def test_queue_limit_refuses_with_queue_full():
+def test_queue_limit_refuses_with_queue_full_beyond_the_free_batch_slots():
+    """A burst between two steps: the free batch slot's request is not queued (it is admitted at
+    the next step); max_waiting more may wait; the next is refused, also once the slot is taken."""
     sched = Scheduler(BlockManager(64, 4), max_batch=1, max_waiting=2)
-    sched.add(_seq(2)); sched.add(_seq(2))
+    sched.add(_seq(2)); sched.add(_seq(2)); sched.add(_seq(2))
+    with pytest.raises(QueueFull, match="limit 2"):
+        sched.add(_seq(2))
+    sched.schedule()                      # admits one: the batch is full, two wait
+    assert len(sched.running) == 1 and len(sched.waiting) == 2
     with pytest.raises(QueueFull, match="limit 2"):
         sched.add(_seq(2))
     with pytest.raises(ValueError, match="more KV blocks than the whole cache"):
