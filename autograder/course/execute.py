@@ -19,6 +19,9 @@ from .kernel_client import SlicedWaitKernelManager
 from .nbgrader_setup import put_environment_on_path
 
 CI_BUDGET_S = 45.0
+# A cell's limit outside the ci profile, unless `camp run --cell-timeout` says otherwise: the gpu
+# profile's training cells take minutes by design (the labs' own cell_timeout guards grading).
+LARGE_PROFILE_CELL_TIMEOUT_S = 3600
 
 
 @dataclass
@@ -52,8 +55,11 @@ def parse_value(text: str):
         return text
 
 
-def run_lab(lab: Lab, root: Path, out_dir: Path, profile: str = "ci", overrides: dict | None = None) -> RunResult:
-    """Execute lab's solution notebook in out_dir/<lab.name>/ (a copy of its folder) and report."""
+def run_lab(lab: Lab, root: Path, out_dir: Path, profile: str = "ci", overrides: dict | None = None,
+            cell_timeout: int | None = None) -> RunResult:
+    """Execute lab's solution notebook in out_dir/<lab.name>/ (a copy of its folder) and report.
+    Each cell may take `cell_timeout` seconds: by default the lab's own limit in the ci profile,
+    LARGE_PROFILE_CELL_TIMEOUT_S in the others."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -64,11 +70,12 @@ def run_lab(lab: Lab, root: Path, out_dir: Path, profile: str = "ci", overrides:
         shutil.rmtree(work)
     shutil.copytree(lab.source_path(root).parent, work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     output = work / lab.notebook
+    timeout = cell_timeout or (lab.cell_timeout if profile == "ci" else LARGE_PROFILE_CELL_TIMEOUT_S)
     start = time.perf_counter()
     try:
         papermill.execute_notebook(str(lab.source_path(root)), str(output), parameters=params,
                                    kernel_name="python3", cwd=str(work), progress_bar=False,
-                                   log_output=False, execution_timeout=lab.cell_timeout,
+                                   log_output=False, execution_timeout=timeout,
                                    kernel_manager_class=SlicedWaitKernelManager)
     except PapermillExecutionError as exc:
         where = describe_cell(output, exc.exec_count, exc.source)

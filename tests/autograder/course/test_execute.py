@@ -45,6 +45,20 @@ def test_stderr_in_a_graded_test_cell_fails_the_run(tmp_path):
     assert not result.ok and "test_noisy" in result.message
 
 
+@pytest.mark.slow
+def test_the_labs_cell_limit_applies_to_the_ci_profile_and_an_explicit_one_to_any(tmp_path):
+    """The gpu profile trains for minutes in a cell (p02 on SmolLM2): it is not held to the lab's
+    grading limit unless `camp run --cell-timeout` asks."""
+    import dataclasses
+
+    lab = dataclasses.replace(_toy_lab(tmp_path, "n = 0", "import time; time.sleep(3)"), cell_timeout=1)
+    ci = run_lab(lab, tmp_path, tmp_path / "out", "ci")
+    assert not ci.ok and "timed out" in ci.message, ci.message
+    assert run_lab(lab, tmp_path, tmp_path / "out", "gpu").ok
+    explicit = run_lab(lab, tmp_path, tmp_path / "out", "gpu", cell_timeout=1)
+    assert not explicit.ok and "timed out" in explicit.message, explicit.message
+
+
 def test_parameter_values_parse_like_json():
     assert parse_value("3") == 3 and parse_value("0.5") == 0.5 and parse_value("true") is True
     assert parse_value("cuda") == "cuda" and parse_value('"7"') == "7"

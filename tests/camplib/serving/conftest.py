@@ -22,7 +22,9 @@ MODEL = "tiny"
 
 class RunningServer:
     def __init__(self, checkpoint, *extra: str, start_timeout: float = 30.0):
-        app = build(parse_args([str(checkpoint), "--model-name", MODEL, *extra]))
+        """checkpoint: a path, or None when `extra` names the model (--smollm2, --demo)."""
+        source = [] if checkpoint is None else [str(checkpoint)]
+        app = build(parse_args([*source, "--model-name", MODEL, *extra]))
         self.uvicorn = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                                      timeout_graceful_shutdown=30))
         self.thread = threading.Thread(target=lambda: asyncio.run(self.uvicorn.serve()), daemon=True)
