@@ -24,3 +24,12 @@ Where things live (one role per folder):
 |                 | `gradebook` (nbgrader's sqlite), `formgrader` (autograded/ for Formgrader),  |
 |                 | `grades_csv` (grades.csv)                                                    |
 """
+import sys as _sys
+
+# jsonschema (under nbformat, which every camp process imports) loads the optional package
+# `rfc3987_syntax` to check the "iri" string formats, and that package compiles a Lark grammar
+# when imported: about 1.6 s of CPU in the CLI and again in the grading fork server, on every
+# `camp grade`. No schema camp validates (nbformat's notebook schemas) uses those formats, and
+# jsonschema treats the package as optional (it skips the check on ImportError), so camp's
+# processes go without it. Nothing else imports it (tests/autograder/test_imports.py).
+_sys.modules.setdefault("rfc3987_syntax", None)
