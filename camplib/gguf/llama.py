@@ -1,5 +1,5 @@
-"""A Llama-family .gguf file as a camplib GPT and a `transformers` tokenizer, without transformers'
-GGUF loader (which takes ~80 s for SmolLM2-135M on 2 cores; this takes a few seconds).
+"""A Llama-family .gguf file as a camplib GPT and a `transformers` tokenizer, read by camplib.gguf's
+own reader rather than transformers' GGUF loader (benchmarks/gguf_load.py times both).
 
 Two details a reader of the file must know:
 - llama.cpp's converter stores q and k rows in RoPE's *interleaved* pairing (Meta's order); a
@@ -15,6 +15,7 @@ Two details a reader of the file must know:
 from __future__ import annotations
 
 import importlib.util
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -89,12 +90,27 @@ def _state_dict(f: GGUFFile, cfg: GPTConfig) -> dict:
     return sd
 
 
+@contextmanager
+def _one_thread():
+    """Dequantizing is ~300 small memory-bound operations: a second thread gains little, and where
+    another process holds the other core, torch's threads wait for each other at every one of
+    them (measured on 2 shared cores: 13.2 s with 2 threads, 1.0 s with 1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def load_gguf_llama(source, pairing: str = "half", dtype=None, device="cpu") -> GPT:
     """A camplib GPT (eval mode) with the file's weights dequantized to float32 (then `dtype`)."""
     f = _file(source)
     cfg = config_from_gguf(f, pairing)
     model = GPT(cfg)
-    model.load_state_dict(_state_dict(f, cfg), strict=True)
+    with _one_thread():
+        state = _state_dict(f, cfg)
+    model.load_state_dict(state, strict=True)
     return model.to(device=device, dtype=dtype).eval()
 
 

