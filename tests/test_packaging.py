@@ -84,3 +84,26 @@ def test_constraints_pin_every_dependency_within_its_range():
         if version is None or version not in req.specifier:
             problems.append(f"{text}: constraints.txt has {version}")
     assert not problems, "run `make constraints` in a venv that passes `make test`:\n" + "\n".join(problems)
+
+
+def test_importing_transformers_and_peft_prints_nothing():
+    """A lab cell that imports peft or loads a model must write nothing to stderr (nbgrader scores
+    such a cell 0). transformers and peft import torchao whenever it can be imported, and torchao
+    prints as it loads: reference-only packages (the Makefile's REFERENCE_WHEELS) live off sys.path."""
+    import importlib.util
+    import subprocess
+
+    assert importlib.util.find_spec("torchao") is None, "torchao is importable in the course's venv"
+    out = subprocess.run([sys.executable, "-c", "import transformers, peft"], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert out.returncode == 0 and out.stderr == "", out.stderr[-3000:]
+
+
+def test_makefile_pins_the_reference_only_torchao():
+    """`pip freeze` (and so constraints.txt) cannot see a --target folder: the Makefile pins it, and
+    the side-by-side test expects that version."""
+    from tests.camplib.quant.test_torchao_side_by_side import TORCHAO_VERSION
+
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"REFERENCE_WHEELS = torchao=={TORCHAO_VERSION}\n" in makefile
+    assert "torchao" not in (ROOT / "constraints.txt").read_text()
