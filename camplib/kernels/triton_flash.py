@@ -19,12 +19,23 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import torch
 
 from camplib.kernels.flash import FlashAttention, check_inputs
 
+# Triton reads TRITON_INTERPRET when it is first imported (its own tl.* helpers are decorated
+# then) and at each @triton.jit below. torch._dynamo (torch.compile), peft and bitsandbytes import
+# triton too: if one of them came first on a machine without CUDA, Triton is compiling, and the
+# kernel would fail deep inside with "Cannot call @triton.jit'd outside of the scope of a kernel".
+_MODE_ERROR = None
 if not torch.cuda.is_available():
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        _MODE_ERROR = ("triton was imported before camplib.kernels.triton_flash (torch.compile, torch._dynamo, "
+                       "peft and bitsandbytes import it) without TRITON_INTERPRET=1, so it cannot interpret "
+                       "kernels on this machine without CUDA: restart the kernel and import "
+                       "camplib.kernels.triton_flash first, or set TRITON_INTERPRET=1 before anything imports triton")
     os.environ.setdefault("TRITON_INTERPRET", "1")   # read when @triton.jit decorates below
 try:
     import triton
@@ -104,6 +115,8 @@ def triton_flash_forward(q, k, v, *, scale, is_causal, key_padding_mask, block_q
     lse is fp32 (B, H, L)."""
     if triton is None:
         raise RuntimeError(f"triton_flash_attention needs Triton (installed on Linux only): {_IMPORT_ERROR}")
+    if _MODE_ERROR:
+        raise RuntimeError(_MODE_ERROR)
     on_gpu = q.is_cuda
     if interpreted() == on_gpu:
         raise ValueError(f"triton_flash_attention: tensors on {q.device} but Triton is "

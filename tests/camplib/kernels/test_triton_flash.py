@@ -57,3 +57,22 @@ def test_compiled_on_gpu(dtype):
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     tol = TOL if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     assert_close(f"compiled Triton forward, {dtype}", out.float(), ref, **tol)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's import order matters only without CUDA")
+def test_triton_imported_first_without_the_interpreter_is_a_clear_error():
+    """torch._dynamo imports triton; if it comes first with TRITON_INTERPRET unset, Triton is
+    compiling and cannot run the kernel on the CPU: the call says what happened and what to do
+    (it used to fail inside the kernel: "Cannot call @triton.jit'd outside of the scope of a kernel")."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import torch, torch._dynamo\n"
+             "from camplib.kernels.triton_flash import triton_flash_attention\n"
+             "q = torch.randn(1, 1, 16, 16)\n"
+             "try:\n    triton_flash_attention(q, q, q)\nexcept RuntimeError as e:\n    print('ERROR', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert "ERROR triton was imported before camplib.kernels.triton_flash" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "TRITON_INTERPRET=1" in out.stdout
