@@ -30,6 +30,8 @@ import torch.distributed as dist
 __all__ = ["launch", "RankError", "RankDied", "RankTimeout", "default_backend", "under_torchrun"]
 
 GRACE_SECONDS = 0.5  # after a failure, how long the other ranks get to flush output before being killed
+ECHO_GRACE_SECONDS = 5.0  # after only an echo ("connection closed by peer"), how long to wait for its cause
+_ECHOES = ("closed by peer", "reset by peer")
 
 
 class RankError(RuntimeError):
@@ -37,11 +39,13 @@ class RankError(RuntimeError):
 
     def __init__(self, rank: int, kind: str, message: str, remote_traceback: str):
         self.rank, self.kind, self.remote_traceback = rank, kind, remote_traceback
-        if "timed out" in message.lower() or "timeout" in message.lower():
+        timed_out = "timed out" in message.lower() or "timeout" in message.lower()
+        if timed_out:
             message += ("\n(a collective timed out: did every rank call the same collectives, in the same "
                         "order, with tensors of the same size?)")
-        elif "closed by peer" in message.lower():
+        elif any(e in message.lower() for e in _ECHOES):
             message += "\n(another rank ended, or crashed, while this one was still in a collective)"
+        self.echo = not timed_out and any(e in message.lower() for e in _ECHOES)
         super().__init__(f"rank {rank} raised {kind}: {message}\n"
                          f"--- traceback on rank {rank} ---\n{remote_traceback.rstrip()}")
 
@@ -152,6 +156,8 @@ def _collect(procs, conns, run_timeout):
     errored: set[int] = set()
     first_raised_at = float("inf")
     while len(results) < len(procs):
+        if failure is not None and not open_conns:
+            raise failure   # every rank has said its last word (or died): nothing more can come
         left = deadline - time.monotonic()
         if failure is not None:
             left = min(left, failure_deadline - time.monotonic())
@@ -176,15 +182,18 @@ def _collect(procs, conns, run_timeout):
             elif kind == "ok":
                 results[rank] = payload
             elif kind == "error":
-                # the first error raised is the cause; later ones are its echoes ("connection closed
-                # by peer" once the failed rank exits), even if they are read first (CLOCK_MONOTONIC
-                # is one clock for every process on the machine)
+                # the cause is the first error raised that is not an echo of another rank's end
+                # ("connection closed by peer" once the failed rank closes its connections): a
+                # rank's timeout closes them in C++ before its Python stamps the time, so a loaded
+                # machine can stamp the echo first. CLOCK_MONOTONIC is one clock for every process.
                 *details, raised_at = payload
                 errored.add(rank)
-                if failure is None or (isinstance(failure, RankError) and raised_at < first_raised_at):
-                    if failure is None:
-                        failure_deadline = time.monotonic() + GRACE_SECONDS
-                    failure, first_raised_at = RankError(rank, *details), raised_at
+                error = RankError(rank, *details)
+                if failure is None or (isinstance(failure, RankError) and
+                                       (error.echo, raised_at) < (failure.echo, first_raised_at)):
+                    if failure is None or failure.echo != error.echo:
+                        failure_deadline = time.monotonic() + (ECHO_GRACE_SECONDS if error.echo else GRACE_SECONDS)
+                    failure, first_raised_at = error, raised_at
         for r, p in enumerate(procs):
             # a rank that died without a word is the cause of its peers' errors ("connection reset
             # by peer" in a collective), even when one of those reached us first

@@ -87,6 +87,21 @@ def test_a_hung_collective_raises_within_the_timeout():
     assert time.monotonic() - start < 3 + 6, "a mismatched collective was not ended near its timeout"
 
 
+def _echo_first_then_the_cause(rank, world_size):
+    if rank == 1:   # what a peer's end looks like from inside a gloo collective
+        raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1234")
+    time.sleep(1.5)  # the cause is stamped later (a loaded machine, or a timeout whose C++ closed first)
+    raise ValueError("the real cause")
+
+
+def test_an_echo_of_another_ranks_end_is_never_reported_as_the_cause():
+    """A rank's timeout closes its connections before its Python stamps the error, so on a loaded
+    machine the peer's "connection closed by peer" can carry the earlier stamp: the launcher waits
+    (up to ECHO_GRACE_SECONDS) for an error that is not an echo and reports that one."""
+    with pytest.raises(RankError, match="rank 0 raised ValueError: the real cause"):
+        launch(_echo_first_then_the_cause, 2, timeout=30)
+
+
 def _spins(rank, world_size):
     while True:
         pass
