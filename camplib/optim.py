@@ -93,6 +93,16 @@ class PlainAdamW:
                 adamw_update_(p, p.grad, self.state.setdefault(i, {}), self.lr, self.betas, self.eps,
                               self.weight_decay)
 
+    def minimize_step(self, loss: torch.Tensor, max_norm: float | None = None) -> float:
+        """One step of a plain loop: fresh gradients of `loss`, clipped to `max_norm` (global L2,
+        clip_grad_norm_) when given, then the update. Returns the loss as a float."""
+        self.zero_grad()
+        loss.backward()
+        if max_norm is not None:
+            clip_grad_norm_(self.params, max_norm)
+        self.step()
+        return loss.item()
+
 
 def clip_grad_norm_(params: Iterable[torch.Tensor] | torch.Tensor, max_norm: float) -> torch.Tensor:
     """Scale all gradients together so their global L2 norm is at most max_norm; return the norm

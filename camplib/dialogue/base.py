@@ -67,7 +67,7 @@ def pretrain_tiny(bpe: ByteBPE, config: GPTConfig, steps: int, stdlib_chars: int
     """Next-token pretraining on standard-library text and user turns, packed into blocks: a
     plain loop (AdamW with a linear warm-up, clipping) on shuffled blocks, seeded."""
     from camplib.data import pack
-    from camplib.optim import PlainAdamW, clip_grad_norm_
+    from camplib.optim import PlainAdamW
 
     eos = bpe.special_tokens[ENDOFTEXT]
     user_turns = "".join(f"{IM_START}user\n{t}{IM_END}\n" for t in _dialogue_texts(seed, n_train, roles=("user",)))
@@ -75,8 +75,7 @@ def pretrain_tiny(bpe: ByteBPE, config: GPTConfig, steps: int, stdlib_chars: int
     blocks = pack(ids, config.max_seq_len, eos)   # blocks of max_seq_len + 1
     torch.manual_seed(seed)
     model = GPT(config).to(device)
-    params = list(model.parameters())
-    optimizer = PlainAdamW(params, lr)
+    optimizer = PlainAdamW(model.parameters(), lr)
     gen = torch.Generator().manual_seed(seed)
     order = torch.empty(0, dtype=torch.long)
     losses = []
@@ -87,13 +86,7 @@ def pretrain_tiny(bpe: ByteBPE, config: GPTConfig, steps: int, stdlib_chars: int
         rows, order = order[:batch_size], order[batch_size:]
         b = blocks[rows].to(device)
         optimizer.lr = lr * min(1.0, (step + 1) / max(1, steps // 10))
-        loss = model(b[:, :-1], b[:, 1:])[1]
-        for p in params:
-            p.grad = None
-        loss.backward()
-        clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        losses.append(loss.item())
+        losses.append(optimizer.minimize_step(model(b[:, :-1], b[:, 1:])[1], max_norm=1.0))
     model.pretrain_losses = losses
     return model.eval()
 

@@ -24,7 +24,7 @@ import torch
 
 from camplib.lora import inject_lora, lora_modules
 from camplib.model import GPT, GPTConfig
-from camplib.optim import PlainAdamW, clip_grad_norm_
+from camplib.optim import PlainAdamW
 
 __all__ = ["TARGETS", "batches_of", "lora_sft", "sft_for_grading", "load_lora"]
 
@@ -59,8 +59,7 @@ def lora_sft(model: torch.nn.Module, batches: Sequence[dict], loss_fn: Callable,
     inject_lora(model, targets, r=r, alpha=alpha)
     if train_embeddings:
         model.tok_emb.weight.requires_grad_(True)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = PlainAdamW(params, lr)   # no torch.optim.Optimizer: no compiler-stack import per sandbox
+    optimizer = PlainAdamW([p for p in model.parameters() if p.requires_grad], lr)   # no torch.optim.Optimizer: no compiler-stack import per sandbox
     device = next(model.parameters()).device
     model.train()
     losses = []
@@ -74,12 +73,7 @@ def lora_sft(model: torch.nn.Module, batches: Sequence[dict], loss_fn: Callable,
         loss = loss_fn(logits.float(), y)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"the loss is {float(loss)} at step {len(losses)}")
-        for p in params:
-            p.grad = None
-        loss.backward()
-        clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        losses.append(loss.item())
+        losses.append(optimizer.minimize_step(loss, max_norm=1.0))
     model.eval()
     return losses
 

@@ -274,3 +274,22 @@ def test_plain_adamw_steps_like_torch_adamw_and_imports_no_compiler(weight_decay
             "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_plain_adamw_minimize_step_is_fresh_gradients_clipped_then_the_update():
+    """minimize_step(loss, max_norm) = zero the gradients, backward, torch's clip_grad_norm_,
+    AdamW's step; gradients left over from before do not leak into it."""
+    gen = torch.Generator().manual_seed(3)
+    x, w0 = torch.randn(8, 4, generator=gen), torch.randn(4, generator=gen)
+    ours, theirs = nn.Parameter(w0.clone()), nn.Parameter(w0.clone())
+    plain, ref = PlainAdamW([ours], lr=0.1), torch.optim.AdamW([theirs], lr=0.1, weight_decay=0.0)
+    ours.grad = torch.full_like(w0, 100.0)                      # stale: must be discarded
+    for _ in range(3):
+        got = plain.minimize_step((x @ ours).pow(2).sum(), max_norm=0.5)
+        ref.zero_grad()
+        loss = (x @ theirs).pow(2).sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([theirs], 0.5)
+        ref.step()
+        check_close("minimize_step's returned loss", torch.tensor(got), loss.detach(), atol=1e-5, rtol=1e-6)
+    check_close("weights after 3 minimize_steps vs zero_grad/backward/clip/AdamW", ours, theirs, atol=1e-6, rtol=1e-6)
