@@ -25,12 +25,12 @@ from camplib.quant.ggml_blocks import BLOCK, BLOCK_BYTES, dequantize_blocks
 
 __all__ = ["GGUFFile", "TensorInfo", "read_gguf", "GGML_TYPES"]
 
-# value type id -> (struct format, size) for scalars; 7 is bool, 8 string, 9 array
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+# metadata value type id -> little-endian format of a number (struct's and numpy's alike);
+# 8 is a string, 9 an array
+_NUMBERS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 # ggml tensor type id -> name; the plain float types and the block formats camplib dequantizes
 GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 30: "BF16"}
-_FLOAT = {"F32": (torch.float32, 4), "F16": (torch.float16, 2), "BF16": (torch.bfloat16, 2)}
+_FLOAT = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 MAX_DIMS = 4
 
 
@@ -62,15 +62,15 @@ class _Cursor:
         return bytes(self.take(self.scalar("<Q"))).decode("utf-8", errors="replace")
 
     def value(self, vtype: int):
-        if vtype in _SCALARS:
-            return self.scalar(_SCALARS[vtype])
+        if vtype in _NUMBERS:
+            return self.scalar(_NUMBERS[vtype])
         if vtype == 8:
             return self.string()
         if vtype == 9:
             etype, n = self.scalar("<I"), self.scalar("<Q")
-            if etype in _NUMPY:
-                size = np.dtype(_NUMPY[etype]).itemsize
-                return np.frombuffer(self.take(n * size), dtype=_NUMPY[etype]).tolist()
+            if etype in _NUMBERS:
+                dtype = np.dtype(_NUMBERS[etype])
+                return np.frombuffer(self.take(n * dtype.itemsize), dtype=dtype).tolist()
             if n > len(self.buf):
                 raise ValueError(f"{self.path}: an array of {n} elements at offset {self.pos} is larger than the file")
             return [self.value(etype) for _ in range(n)]
@@ -114,7 +114,7 @@ class GGUFFile:
             kind = GGML_TYPES.get(type_id, f"type {type_id}")
             count = int(np.prod(dims)) if dims else 1
             if kind in _FLOAT:
-                nbytes = count * _FLOAT[kind][1]
+                nbytes = count * _FLOAT[kind].itemsize
             elif kind in BLOCK_BYTES:
                 nbytes = count // BLOCK * BLOCK_BYTES[kind]
             else:
@@ -131,7 +131,7 @@ class GGUFFile:
     def tensor(self, name: str) -> torch.Tensor:
         t = self.tensors[name]
         if t.kind in _FLOAT:
-            return self.raw(name).view(_FLOAT[t.kind][0]).reshape(t.shape).to(torch.float32)
+            return self.raw(name).view(_FLOAT[t.kind]).reshape(t.shape).to(torch.float32)
         if t.kind in BLOCK_BYTES:
             rows = self.raw(name).reshape(-1, t.shape[-1] // BLOCK * BLOCK_BYTES[t.kind])
             return dequantize_blocks(rows, t.kind).reshape(t.shape)

@@ -11,7 +11,6 @@ openai = pytest.importorskip("openai")
 def test_smollm2_answers_through_the_openai_client():
     running = RunningServer(None, "--smollm2", "--max-batch", "2", "--kv-cache-mb", "64")
     try:
-        pool = running.engine.pool
         client = openai.OpenAI(base_url=running.base + "/v1", api_key="none", timeout=120, max_retries=0)
         messages = [{"role": "user", "content": "What is the capital of France?"}]
         reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
@@ -20,6 +19,8 @@ def test_smollm2_answers_through_the_openai_client():
         stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
                                                 stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == answer
-        assert running.engine.blocks.num_blocks * running.engine.bytes_per_block <= 64 * 2**20, pool
+        engine = running.engine
+        assert engine.blocks.num_blocks * engine.bytes_per_block <= 64 * 2**20, (engine.blocks.num_blocks,
+                                                                                 engine.bytes_per_block)
     finally:
         running.close()
