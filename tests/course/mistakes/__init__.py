@@ -4,11 +4,13 @@ round trip (tests/course/test_labs.py) grades them next to the reference and a b
 each must lose exactly `points_lost` with a message containing `hint`.
 
 `source` is the mistaken cell's code, or a function of no arguments that makes it (usually an
-edit of the reference solution, `solution_cells(lab)[grade_id].replace(...)`)."""
+edit of the reference solution: `solution_edit`)."""
 from __future__ import annotations
 
 import importlib
 from typing import Callable, NamedTuple
+
+from autograder.course.reference import solution_cells
 
 
 class Mistake(NamedTuple):
@@ -19,6 +21,18 @@ class Mistake(NamedTuple):
 
     def code(self) -> str:
         return self.source() if callable(self.source) else self.source
+
+
+def solution_edit(lab_id: str, grade_id: str, old: str, new: str) -> Callable[[], str]:
+    """A mistake's source: the reference solution of `grade_id` with `old` replaced by `new`, made
+    when the round trip asks; fails loudly when the solution no longer contains `old`. Each lab
+    module binds its id: `_edit = functools.partial(solution_edit, "a04")`."""
+    def source() -> str:
+        code = solution_cells(lab_id)[grade_id]
+        if old not in code:
+            raise AssertionError(f"{lab_id} mistake: {old!r} is no longer in the reference solution of {grade_id}")
+        return code.replace(old, new)
+    return source
 
 
 def mistakes_of(lab_id: str) -> list[Mistake]:

@@ -1,15 +1,11 @@
 """Typical mistakes in lab a05: each must lose exactly its exercise's points, with a message
 that helps (graded by tests/course/test_labs.py)."""
-from autograder.course.reference import solution_cells
-from tests.course.mistakes import Mistake
+import functools
+
+from tests.course.mistakes import Mistake, solution_edit
 
 
-def _edit(grade_id: str, old: str, new: str):
-    def source() -> str:
-        code = solution_cells("a05")[grade_id]
-        assert old in code, f"a05 {grade_id}: the reference solution no longer contains {old!r}"
-        return code.replace(old, new)
-    return source
+_edit = functools.partial(solution_edit, "a05")
 
 
 MISTAKES = [

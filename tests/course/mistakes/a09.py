@@ -1,16 +1,11 @@
 """Typical mistakes in lab a09: each must lose exactly its exercise's points, with a message
 that helps (graded by tests/course/test_labs.py)."""
-from autograder.course.reference import solution_cells
-from tests.course.mistakes import Mistake
+import functools
+
+from tests.course.mistakes import Mistake, solution_edit
 
 
-def _edit(grade_id: str, old: str, new: str):
-    """The reference solution of `grade_id` with one line changed (fails loudly if the line moved)."""
-    def source() -> str:
-        code = solution_cells("a09")[grade_id]
-        assert old in code, f"a09 mistake: {old!r} is no longer in the reference {grade_id}"
-        return code.replace(old, new)
-    return source
+_edit = functools.partial(solution_edit, "a09")
 
 
 # the max grew but the running sum keeps the terms summed under the old max (acc is rescaled)

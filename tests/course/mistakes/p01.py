@@ -1,16 +1,11 @@
 """Typical mistakes in lab p01: each must lose exactly its exercise's points, with a message
 that helps (graded by tests/course/test_labs.py). Each is the reference solution with one edit."""
-from autograder.course.reference import solution_cells
-from tests.course.mistakes import Mistake
+import functools
+
+from tests.course.mistakes import Mistake, solution_edit
 
 
-def _edit(grade_id: str, old: str, new: str):
-    def make() -> str:
-        source = solution_cells("p01")[grade_id]
-        if old not in source:
-            raise AssertionError(f"p01 mistake: {old!r} is no longer in the solution of {grade_id}")
-        return source.replace(old, new)
-    return make
+_edit = functools.partial(solution_edit, "p01")
 
 
 MISTAKES = [

@@ -1,16 +1,11 @@
 """Typical mistakes in lab p03: each must lose exactly its exercise's points, with a message
 that helps (graded by tests/course/test_labs.py)."""
-from autograder.course.reference import solution_cells
-from tests.course.mistakes import Mistake
+import functools
+
+from tests.course.mistakes import Mistake, solution_edit
 
 
-def _edit(grade_id: str, old: str, new: str):
-    """The reference solution cell with `old` replaced by `new` (which must be there)."""
-    def make() -> str:
-        code = solution_cells("p03")[grade_id]
-        assert old in code, f"p03 mistake: {old!r} is no longer in the {grade_id} solution"
-        return code.replace(old, new)
-    return make
+_edit = functools.partial(solution_edit, "p03")
 
 
 MISTAKES = [
