@@ -10,8 +10,11 @@ batches of real text (the Python standard library's source), the same AdamW and 
 computed the same way from the logits, so the only difference is the model code. Both run
 eagerly (`--compile` compiles both). Runs alternate (ours, HF, ours, HF...) so that load from
 other processes on a shared machine hits both alike; the median run is reported, and the ratio
-camplib / transformers per configuration. CUDA when present (synchronised around timings; bf16
-only where the GPU supports it), else the CPU.
+camplib / transformers per configuration. Each configuration also profiles one step per side and
+prints its share in matrix products and attention, the kernels both sides call alike, and the
+ceiling ratio / camplib's share: the ratio camplib would reach if everything else cost nothing
+(a goal above it cannot be met by the model's code on this machine). CUDA when present
+(synchronised around timings; bf16 only where the GPU supports it), else the CPU.
 
     .venv/bin/python benchmarks/train_throughput.py [--threads 1] [--steps 4] [--repeats 3]
         [--family gpt2 llama] [--size small medium] [--precision fp32 bf16] [--attn eager sdpa]
@@ -74,7 +77,10 @@ def shared_share(logits_fn, params, data, args, device, precision) -> float:
     with profile(activities=acts) as prof:
         train_steps(logits_fn, params, data, one, 1, device, precision)
     attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, attr) > 0]
+    # operator events only: on CUDA each op's self device time already holds its kernels' time,
+    # and the kernel events themselves would count it twice
+    events = [e for e in prof.key_averages()
+              if e.device_type == torch.autograd.DeviceType.CPU and getattr(e, attr) > 0]
     total = sum(getattr(e, attr) for e in events)
     shared = sum(getattr(e, attr) for e in events if any(k in e.key for k in SHARED_KERNELS))
     return shared / total
@@ -186,6 +192,9 @@ def main():
           f"{args.warmup} warm-up + {args.steps} timed AdamW steps, median of {args.repeats} alternating runs; "
           f"camplib attention {args.ours_attention!r}; {'torch.compile' if args.compile else 'eager'} on both sides; "
           f"{args.clock} clock")
+    if device.type == "cpu" and "bf16" in precisions and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        print("  note: this CPU has no bf16 instructions (AVX512-BF16 / AMX): autocast's bf16 matrix products are "
+              "emulated, many times slower than fp32, and fill nearly the whole step on both sides")
     for size, s in SIZES.items():
         if size in args.size:
             print(f"  {size}: d_model {s['d']}, {s['layers']} layers, {s['heads']} heads (Llama: {s['heads'] // 2} kv heads)")
