@@ -63,27 +63,30 @@ def sync(device):
 SHARED_KERNELS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "scaled_dot_product")
 
 
-def shared_share(logits_fn, params, data, args, device, precision) -> float:
-    """Fraction of one training step (after a warm-up step) spent in SHARED_KERNELS, by
-    torch.profiler's self time (device time on CUDA). camplib and transformers compute the same
-    products and attention, so camplib's ratio can at most reach measured ratio / this share
-    (everything else made free): the ceiling the table prints."""
+def shared_share(logits_fn, params, data, args, device, precision, profiled: int = 3) -> float:
+    """Fraction of a training step spent in SHARED_KERNELS, by torch.profiler's self time (device
+    time on CUDA): the median over `profiled` single steps, after a warm-up step (one profiled
+    step on a shared machine can be far off). camplib and transformers compute the same products
+    and attention, so camplib's ratio can at most reach measured ratio / this share (everything
+    else made free): the ceiling the table prints."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     warm = argparse.Namespace(**{**vars(args), "warmup": 1, "steps": 0, "clock": "wall"})
     train_steps(logits_fn, params, data, warm, 0, device, precision)          # compile / allocate first
     one = argparse.Namespace(**{**vars(args), "warmup": 0, "steps": 1, "clock": "wall"})
-    with profile(activities=acts) as prof:
-        train_steps(logits_fn, params, data, one, 1, device, precision)
-    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    # operator events only: on CUDA each op's self device time already holds its kernels' time,
-    # and the kernel events themselves would count it twice
-    events = [e for e in prof.key_averages()
-              if e.device_type == torch.autograd.DeviceType.CPU and getattr(e, attr) > 0]
-    total = sum(getattr(e, attr) for e in events)
-    shared = sum(getattr(e, attr) for e in events if any(k in e.key for k in SHARED_KERNELS))
-    return shared / total
+    shares = []
+    for seed in range(1, profiled + 1):
+        with profile(activities=acts) as prof:
+            train_steps(logits_fn, params, data, one, seed, device, precision)
+        # operator events only: on CUDA each op's self device time already holds its kernels'
+        # time, and the kernel events themselves would count it twice
+        events = [e for e in prof.key_averages()
+                  if e.device_type == torch.autograd.DeviceType.CPU and getattr(e, attr) > 0]
+        total = sum(getattr(e, attr) for e in events)
+        shares.append(sum(getattr(e, attr) for e in events if any(k in e.key for k in SHARED_KERNELS)) / total)
+    return statistics.median(shares)
 
 
 def train_steps(logits_fn, params, data, args, seed, device, precision) -> tuple[float, float]:
