@@ -8,16 +8,18 @@ kernel; `--ours-attention math` shows the from-scratch path b01 teaches). Both m
 same config and the same weights (ours is converted from the HF one), the same byte-level
 batches of real text (the Python standard library's source), the same AdamW and the same loss
 computed the same way from the logits, so the only difference is the model code. Both run
-eagerly (`--compile` compiles both). Runs alternate (ours, HF, ours, HF...) so that load from
-other processes on a shared machine hits both alike; the median run is reported, and the ratio
-camplib / transformers per configuration. Each configuration also profiles one step per side and
-prints its share in matrix products and attention, the kernels both sides call alike, and the
-ceiling ratio / camplib's share: the ratio camplib would reach if everything else cost nothing
-(a goal above it cannot be met by the model's code on this machine). CUDA when present
-(synchronised around timings; bf16 only where the GPU supports it), else the CPU.
+eagerly (`--compile` compiles both). The two train side by side, the order alternating every
+step (ours, HF, HF, ours...), so that load from other processes on a shared machine hits both
+alike; tokens/s come from each side's median step time, and the table prints the ratio camplib /
+transformers per configuration. Each configuration also profiles a few steps per side and prints
+its share in matrix products and attention, the kernels both sides call alike, and the ceiling
+ratio / camplib's share: the ratio camplib would reach if everything else cost nothing (a goal
+above it cannot be met by the model's code on this machine). CUDA when present (synchronised
+around timings; bf16 only where the GPU supports it), else the CPU, where bf16 is left out of the
+default run, saying so, when the CPU has no bf16 instructions (`--precision fp32 bf16` runs it).
 
-    .venv/bin/python benchmarks/train_throughput.py [--threads 1] [--steps 4] [--repeats 3]
-        [--family gpt2 llama] [--size small medium] [--precision fp32 bf16] [--attn eager sdpa]
+    .venv/bin/python benchmarks/train_throughput.py [--threads 1] [--steps 20] [--clock process]
+        [--family gpt2 llama] [--size small medium] [--precision fp32 bf16] [--attn eager sdpa] [--compile]
 """
 from __future__ import annotations
 
@@ -63,54 +65,53 @@ def sync(device):
 SHARED_KERNELS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "scaled_dot_product")
 
 
-def shared_share(logits_fn, params, data, args, device, precision, profiled: int = 3) -> float:
-    """Fraction of a training step spent in SHARED_KERNELS, by torch.profiler's self time (device
-    time on CUDA): the median over `profiled` single steps, after a warm-up step (one profiled
-    step on a shared machine can be far off). camplib and transformers compute the same products
-    and attention, so camplib's ratio can at most reach measured ratio / this share (everything
-    else made free): the ceiling the table prints."""
-    from torch.profiler import ProfilerActivity, profile
+class Side:
+    """One side of the comparison: a model, how to get its logits, its AdamW and precision."""
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    warm = argparse.Namespace(**{**vars(args), "warmup": 1, "steps": 0, "clock": "wall"})
-    train_steps(logits_fn, params, data, warm, 0, device, precision)          # compile / allocate first
-    one = argparse.Namespace(**{**vars(args), "warmup": 0, "steps": 1, "clock": "wall"})
-    shares = []
-    for seed in range(1, profiled + 1):
+    def __init__(self, model, logits_fn, device, precision):
+        self.params = list(model.parameters())
+        self.logits_fn, self.device = logits_fn, device
+        self.opt = torch.optim.AdamW(self.params, lr=3e-4, weight_decay=0.1)
+        self.cast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if precision == "bf16"
+                     else contextlib.nullcontext)
+
+    def step(self, x, y) -> float:
+        """One AdamW step on (x, y); returns the loss."""
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        with self.cast():
+            logits = self.logits_fn(x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
+    def timed_step(self, x, y, clock) -> tuple[float, float]:
+        """(seconds, loss) of one step, synchronised on CUDA."""
+        sync(self.device)
+        start = clock()
+        loss = self.step(x, y)
+        sync(self.device)
+        return clock() - start, loss
+
+    def shared_share(self, x, y) -> float:
+        """Fraction of one step spent in SHARED_KERNELS, by torch.profiler's self time (device time
+        on CUDA). camplib and transformers compute the same products and attention, so camplib's
+        ratio can at most reach measured ratio / this share (everything else made free): the
+        ceiling the table prints."""
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        attr = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         with profile(activities=acts) as prof:
-            train_steps(logits_fn, params, data, one, seed, device, precision)
+            self.step(x, y)
+            sync(self.device)
         # operator events only: on CUDA each op's self device time already holds its kernels'
         # time, and the kernel events themselves would count it twice
         events = [e for e in prof.key_averages()
                   if e.device_type == torch.autograd.DeviceType.CPU and getattr(e, attr) > 0]
         total = sum(getattr(e, attr) for e in events)
-        shares.append(sum(getattr(e, attr) for e in events if any(k in e.key for k in SHARED_KERNELS)) / total)
-    return statistics.median(shares)
-
-
-def train_steps(logits_fn, params, data, args, seed, device, precision) -> tuple[float, float]:
-    """warm-up + timed AdamW steps; returns (tokens/s over the timed steps, first loss).
-    --clock process counts this process's CPU time instead of wall time: on a shared CPU the
-    time other processes hold the cores is then not charged to either model (single thread)."""
-    clock = time.process_time if args.clock == "process" else time.perf_counter
-    opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1)
-    first_loss, start = None, clock()
-    cast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
-    for step, (x, y) in enumerate(batches(data, args.batch, args.seq, args.warmup + args.steps, seed)):
-        if step == args.warmup:
-            sync(device)
-            start = clock()
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with cast():
-            logits = logits_fn(x)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        first_loss = loss.item() if first_loss is None else first_loss
-    sync(device)
-    return args.steps * args.batch * args.seq / (clock() - start), first_loss
+        return sum(getattr(e, attr) for e in events if any(k in e.key for k in SHARED_KERNELS)) / total
 
 
 def hf_model(family: str, size: str, attn: str, seq: int):
@@ -142,23 +143,33 @@ def ours_from(hf, attention: str):
 
 
 def run_config(family, size, precision, attn, data, args, device) -> dict:
-    runs = {"camplib": [], "transformers": []}
-    losses, shares = {}, {}
-    for r in range(args.repeats):   # fresh models each run, so every run trains from the same start
-        for name in runs:
-            hf = hf_model(family, size, attn, args.seq).to(device)
-            model = ours_from(hf, args.ours_attention) if name == "camplib" else hf
-            model.train()
-            fn = (lambda x, m=model: m(x)[0]) if name == "camplib" else (lambda x, m=model: m(input_ids=x).logits)
-            if args.compile:
-                fn = torch.compile(fn)
-            tok_s, loss0 = train_steps(fn, model.parameters(), data, args, r, device, precision)
-            runs[name].append(tok_s)
-            losses.setdefault(name, loss0)
-            if args.shares and r == args.repeats - 1:   # after the timed runs, on the last model
-                shares[name] = shared_share(fn, list(model.parameters()), data, args, device, precision)
-    med = {name: statistics.median(v) for name, v in runs.items()}
-    return dict(med=med, runs=runs, losses=losses, shares=shares, ratio=med["camplib"] / med["transformers"])
+    """Both models from the same weights, trained side by side on the same batches, the order
+    alternating every step (ours first, then HF first...), so that load from other processes
+    hits both alike; tokens/s from each side's median step time after the warm-up steps. Then
+    `--profiled` steps of each, alternating, under torch.profiler: the median share."""
+    hf = hf_model(family, size, attn, args.seq).to(device)
+    models = {"camplib": ours_from(hf, args.ours_attention), "transformers": hf}
+    sides = {}
+    for name, model in models.items():
+        model.train()
+        fn = (lambda x, m=model: m(x)[0]) if name == "camplib" else (lambda x, m=model: m(input_ids=x).logits)
+        sides[name] = Side(model, torch.compile(fn) if args.compile else fn, device, precision)
+    clock = time.process_time if args.clock == "process" else time.perf_counter
+    times = {name: [] for name in sides}
+    losses, shares = {}, {name: [] for name in sides}
+    n = args.warmup + args.steps + (args.profiled if args.shares else 0)
+    for i, (x, y) in enumerate(batches(data, args.batch, args.seq, n, seed=0)):
+        for name in (list(sides) if i % 2 == 0 else list(sides)[::-1]):
+            if i < args.warmup + args.steps:
+                seconds, loss = sides[name].timed_step(x, y, clock)
+                losses.setdefault(name, loss)                        # the first step's: equal weights, equal loss
+                if i >= args.warmup:
+                    times[name].append(seconds)
+            else:
+                shares[name].append(sides[name].shared_share(x, y))
+    tok_s = {name: args.batch * args.seq / statistics.median(t) for name, t in times.items()}
+    share = {name: statistics.median(v) for name, v in shares.items() if v}
+    return dict(med=tok_s, losses=losses, shares=share, ratio=tok_s["camplib"] / tok_s["transformers"])
 
 
 def main():
@@ -166,12 +177,13 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per side (compilation happens here)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per side, alternating")
+    parser.add_argument("--profiled", type=int, default=3, help="profiled steps per side for the share")
     parser.add_argument("--family", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
     parser.add_argument("--size", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--precision", nargs="+", default=None, choices=["fp32", "bf16"],
+                        help="default: fp32 and bf16, bf16 only where the hardware has it")
     parser.add_argument("--attn", nargs="+", default=["eager", "sdpa"], choices=["eager", "sdpa"],
                         help="transformers' attention kernel(s)")
     parser.add_argument("--ours-attention", default="sdpa", choices=["math", "flash", "sdpa"])
@@ -179,7 +191,7 @@ def main():
                         help="wall time, or this process's CPU time (CPU only, for shared machines)")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models' forward")
     parser.add_argument("--no-shares", dest="shares", action="store_false",
-                        help="skip the profiled step that measures each side's share in matmuls + attention")
+                        help="skip the profiled steps that measure each side's share in matmuls + attention")
     parser.add_argument("--goal", type=float, default=None, help="exit 1 when a ratio is below (default 1.2, 1.0 compiled)")
     args = parser.parse_args()
     goal = args.goal if args.goal is not None else (1.0 if args.compile else 1.2)
@@ -188,16 +200,22 @@ def main():
         torch.set_num_threads(args.threads)
     elif args.clock == "process":
         parser.error("--clock process measures CPU time: use it on the CPU only")
-    precisions = [p for p in args.precision
-                  if p == "fp32" or device.type == "cpu" or torch.cuda.is_bf16_supported()]
+    native_bf16 = (torch.cuda.is_bf16_supported() if device.type == "cuda"
+                   else torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    precisions = args.precision or (["fp32", "bf16"] if native_bf16 else ["fp32"])
+    if device.type == "cuda" and not native_bf16 and "bf16" in precisions:
+        print("note: this GPU has no bf16: bf16 left out")
+        precisions = [p for p in precisions if p != "bf16"]
     data = stdlib_bytes(2_000_000)
     print(f"{device.type}, {args.threads if device.type == 'cpu' else 1} thread(s); batch {args.batch} x seq {args.seq}, "
-          f"{args.warmup} warm-up + {args.steps} timed AdamW steps, median of {args.repeats} alternating runs; "
+          f"{args.warmup} warm-up + {args.steps} timed AdamW steps per side, alternating step by step, median step; "
           f"camplib attention {args.ours_attention!r}; {'torch.compile' if args.compile else 'eager'} on both sides; "
           f"{args.clock} clock")
-    if device.type == "cpu" and "bf16" in precisions and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if device.type == "cpu" and not native_bf16:
         print("  note: this CPU has no bf16 instructions (AVX512-BF16 / AMX): autocast's bf16 matrix products are "
-              "emulated, many times slower than fp32, and fill nearly the whole step on both sides")
+              "emulated, many times slower than fp32, and fill nearly the whole step on both sides; "
+              + ("measured as asked" if "bf16" in precisions else
+                 "bf16 is left out of this run (--precision fp32 bf16 runs it)"))
     for size, s in SIZES.items():
         if size in args.size:
             print(f"  {size}: d_model {s['d']}, {s['layers']} layers, {s['heads']} heads (Llama: {s['heads'] // 2} kv heads)")
