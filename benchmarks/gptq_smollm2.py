@@ -10,7 +10,7 @@ Hessian 2/n X^T X from the calibration inputs that reach it through the *already
 earlier blocks (camplib.quant.gptq.quantize_model_gptq, 1% dampening, columns in order);
 perplexity is camplib.codegen's (token_losses, metrics.perplexity) on blocks packed by camplib.data.pack.
 
-    .venv/bin/python benchmarks/gptq_smollm2.py [--calib 16] [--eval 16] [--seq 256] [--groups 192 64]
+    .venv/bin/python benchmarks/gptq_smollm2.py [--calib 16] [--eval 16] [--seq 256] [--groups 192 64] [--seed 0]
 """
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ from camplib.gguf import load_gguf_llama, read_gguf, smollm2_path, tokenizer_fro
 from camplib.quant.gptq import quantize_model_gptq, quantize_model_rtn
 
 
-def sequences(tok, texts: list[str], n: int, length: int) -> torch.Tensor:
-    """n blocks of length + 1 token ids (camplib.data.pack: each file, then an end of text)."""
+def sequences(tok, texts: list[str], n: int, length: int, all_blocks: bool = False) -> torch.Tensor:
+    """The first n (or all) blocks of length + 1 token ids (camplib.data.pack: each file, then an end of text)."""
     blocks = pack([tok(t, add_special_tokens=False)["input_ids"] for t in texts], length, tok.eos_token_id)
     if len(blocks) < n:
         raise SystemExit(f"only {len(blocks)} blocks of {length + 1} tokens of text for {n} sequences")
-    return blocks[:n]
+    return blocks if all_blocks else blocks[:n]
 
 
 def perplexity(model, data: torch.Tensor) -> float:
@@ -45,6 +45,7 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=256, help="tokens per sequence")
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--groups", type=int, nargs="+", default=[192, 64])
+    ap.add_argument("--seed", type=int, default=0, help="which calibration blocks are drawn")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args(argv)
     if args.threads:
@@ -53,7 +54,10 @@ def main(argv=None):
     f = read_gguf(smollm2_path())
     model, tok = load_gguf_llama(f), tokenizer_from_gguf(f)
     train, val = split_files(stdlib_files(), val_fraction=0.05)
-    calib = sequences(tok, read_corpus(train[:40]), args.calib, args.seq)
+    # calibration: blocks drawn at random (torch.Generator seeded by --seed) from the training files, as a07's
+    # section 7 draws them; the first blocks would all come from one or two files
+    train_blocks = sequences(tok, read_corpus(train[:40]), args.calib, args.seq, all_blocks=True)
+    calib = train_blocks[torch.randperm(len(train_blocks), generator=torch.Generator().manual_seed(args.seed))[:args.calib]]
     held = sequences(tok, read_corpus(val[:40]), args.eval, args.seq)
     print(f"SmolLM2-135M-Instruct loaded in {time.perf_counter() - start:.1f} s; {args.calib} calibration and "
           f"{args.eval} held-out sequences of {args.seq} tokens (standard library, disjoint files)", flush=True)
