@@ -7,80 +7,35 @@ reproduces them exactly: larger groups are the honest test (issue 12). SmolLM2's
 not a multiple of 128, so the groups are 64 and 192 (576 = 3 x 192, 1536 = 8 x 192). The embedding (tied
 to the head) stays as it is. GPTQ is the original paper's recipe: block by block, each Linear's
 Hessian 2/n X^T X from the calibration inputs that reach it through the *already quantized*
-earlier blocks (camplib.quant.gptq, 1% dampening, columns in order).
+earlier blocks (camplib.quant.gptq.quantize_model_gptq, 1% dampening, columns in order);
+perplexity is camplib.codegen's (token_losses, metrics.perplexity) on blocks packed by camplib.data.pack.
 
-    .venv/bin/python benchmarks/gptq_smollm2.py [--calib 16] [--eval 16] [--seq 256] [--groups 192 64]
+    .venv/bin/python benchmarks/gptq_smollm2.py [--calib 16] [--eval 16] [--seq 256] [--groups 192 64] [--seed 0]
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import time
 
 import torch
-from torch import nn
 
-from camplib.data import read_corpus, split_files, stdlib_files
+from camplib.codegen.evaluate import token_losses
+from camplib.codegen.metrics import perplexity as perplexity_of
+from camplib.data import pack, read_corpus, split_files, stdlib_files
 from camplib.gguf import load_gguf_llama, read_gguf, smollm2_path, tokenizer_from_gguf
-from camplib.quant.gptq import gptq_quantize, rtn_quantize
+from camplib.quant.gptq import quantize_model_gptq, quantize_model_rtn
 
 
-def sequences(tok, texts: list[str], n: int, length: int) -> torch.Tensor:
-    ids = tok("\n".join(texts), add_special_tokens=False)["input_ids"] if texts else []
-    need = n * (length + 1)
-    if len(ids) < need:
-        raise SystemExit(f"only {len(ids)} tokens of text for {n} sequences of {length + 1}")
-    return torch.tensor(ids[:need]).view(n, length + 1)
+def sequences(tok, texts: list[str], n: int, length: int, all_blocks: bool = False) -> torch.Tensor:
+    """The first n (or all) blocks of length + 1 token ids (camplib.data.pack: each file, then an end of text)."""
+    blocks = pack([tok(t, add_special_tokens=False)["input_ids"] for t in texts], length, tok.eos_token_id)
+    if len(blocks) < n:
+        raise SystemExit(f"only {len(blocks)} blocks of {length + 1} tokens of text for {n} sequences")
+    return blocks if all_blocks else blocks[:n]
 
 
-@torch.no_grad()
-def perplexity(model, data: torch.Tensor, batch: int = 4) -> float:
-    total, count = 0.0, 0
-    for chunk in data.split(batch):
-        _, loss = model(chunk[:, :-1], chunk[:, 1:])
-        total += loss.item() * chunk[:, 1:].numel()
-        count += chunk[:, 1:].numel()
-    return float(torch.tensor(total / count).exp())
-
-
-def linears(block: nn.Module) -> dict[str, nn.Linear]:
-    return {name: m for name, m in block.named_modules() if isinstance(m, nn.Linear)}
-
-
-def quantize_rtn(model, bits: int, group: int):
-    q = copy.deepcopy(model)
-    for block in q.blocks:
-        for lin in linears(block).values():
-            lin.weight.data = rtn_quantize(lin.weight.data, bits, group)
-    return q
-
-
-@torch.no_grad()
-def quantize_gptq(model, calib: torch.Tensor, bits: int, group: int, batch: int = 4):
-    q = copy.deepcopy(model)
-    x = q.tok_emb(calib[:, :-1])
-    for block in q.blocks:
-        layers = linears(block)
-        sums = {name: torch.zeros(lin.in_features, lin.in_features, dtype=torch.float64)
-                for name, lin in layers.items()}
-        counts = dict.fromkeys(layers, 0)
-
-        def record(name):
-            def hook(_module, args):
-                inp = args[0].reshape(-1, args[0].shape[-1]).double()
-                sums[name].addmm_(inp.t(), inp)
-                counts[name] += inp.shape[0]
-            return hook
-
-        handles = [lin.register_forward_pre_hook(record(name)) for name, lin in layers.items()]
-        for chunk in x.split(batch):
-            block(chunk)
-        for h in handles:
-            h.remove()
-        for name, lin in layers.items():
-            lin.weight.data = gptq_quantize(lin.weight.data, 2.0 / counts[name] * sums[name], bits, group)
-        x = torch.cat([block(chunk) for chunk in x.split(batch)])      # what the next block sees
-    return q
+def perplexity(model, data: torch.Tensor) -> float:
+    return perplexity_of(token_losses(model, data, batch_size=4))
 
 
 def main(argv=None):
@@ -90,6 +45,7 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=256, help="tokens per sequence")
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--groups", type=int, nargs="+", default=[192, 64])
+    ap.add_argument("--seed", type=int, default=0, help="which calibration blocks are drawn")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args(argv)
     if args.threads:
@@ -98,7 +54,10 @@ def main(argv=None):
     f = read_gguf(smollm2_path())
     model, tok = load_gguf_llama(f), tokenizer_from_gguf(f)
     train, val = split_files(stdlib_files(), val_fraction=0.05)
-    calib = sequences(tok, read_corpus(train[:40]), args.calib, args.seq)
+    # calibration: blocks drawn at random (torch.Generator seeded by --seed) from the training files, as a07's
+    # section 7 draws them; the first blocks would all come from one or two files
+    train_blocks = sequences(tok, read_corpus(train[:40]), args.calib, args.seq, all_blocks=True)
+    calib = train_blocks[torch.randperm(len(train_blocks), generator=torch.Generator().manual_seed(args.seed))[:args.calib]]
     held = sequences(tok, read_corpus(val[:40]), args.eval, args.seq)
     print(f"SmolLM2-135M-Instruct loaded in {time.perf_counter() - start:.1f} s; {args.calib} calibration and "
           f"{args.eval} held-out sequences of {args.seq} tokens (standard library, disjoint files)", flush=True)
@@ -106,13 +65,13 @@ def main(argv=None):
     print(f"file weights: perplexity {rows[0][2]:.3f}", flush=True)
     for group in args.groups:
         t = time.perf_counter()
-        rtn = quantize_rtn(model, args.bits, group)
+        rtn = quantize_model_rtn(model, args.bits, group)
         rtn_s = time.perf_counter() - t
         rows.append((f"round-to-nearest int{args.bits}", group, perplexity(rtn, held), rtn_s))
         print(f"g{group} round-to-nearest: perplexity {rows[-1][2]:.3f}", flush=True)
         del rtn
         t = time.perf_counter()
-        gptq = quantize_gptq(model, calib, args.bits, group)
+        gptq = quantize_model_gptq(model, calib[:, :-1], args.bits, group)
         gptq_s = time.perf_counter() - t
         rows.append((f"GPTQ int{args.bits}", group, perplexity(gptq, held), gptq_s))
         print(f"g{group} GPTQ: perplexity {rows[-1][2]:.3f} ({gptq_s:.0f} s to quantize)", flush=True)

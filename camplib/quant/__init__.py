@@ -6,7 +6,7 @@
 | `nf4`        | NF4 (QLoRA's 16-value code book) in blocks, with double quantization of absmax |
 | `layers`     | weight-only quantized Linear layers (int8, int4, NF4) that dequantize on the fly |
 | `llm_int8`   | LLM.int8(): int8 matmul with outlier input features (|x| >= 6) kept in float   |
-| `gptq`       | GPTQ: column-by-column quantization with the inverse-Hessian error update      |
+| `gptq`       | GPTQ: column-by-column quantization with the inverse-Hessian error update; whole models block by block |
 | `qat`        | fake quantization with a straight-through gradient; QATLinear                  |
 | `qlora`      | LoRA (camplib.lora) on an NF4-quantized frozen base, base bytes measured       |
 | `ggml_blocks`| llama.cpp's Q8_0 / Q4_0 / Q4_1 blocks (what a .gguf file holds: camplib.gguf)  |
