@@ -26,12 +26,12 @@ from camplib.gguf import load_gguf_llama, read_gguf, smollm2_path, tokenizer_fro
 from camplib.quant.gptq import quantize_model_gptq, quantize_model_rtn
 
 
-def sequences(tok, texts: list[str], n: int, length: int, all_blocks: bool = False) -> torch.Tensor:
-    """The first n (or all) blocks of length + 1 token ids (camplib.data.pack: each file, then an end of text)."""
+def sequences(tok, texts: list[str], n: int, length: int) -> torch.Tensor:
+    """Every block of length + 1 token ids (camplib.data.pack: each file, then an end of text); at least n."""
     blocks = pack([tok(t, add_special_tokens=False)["input_ids"] for t in texts], length, tok.eos_token_id)
     if len(blocks) < n:
         raise SystemExit(f"only {len(blocks)} blocks of {length + 1} tokens of text for {n} sequences")
-    return blocks if all_blocks else blocks[:n]
+    return blocks
 
 
 def perplexity(model, data: torch.Tensor) -> float:
@@ -56,9 +56,9 @@ def main(argv=None):
     train, val = split_files(stdlib_files(), val_fraction=0.05)
     # calibration: blocks drawn at random (torch.Generator seeded by --seed) from the training files, as a07's
     # section 7 draws them; the first blocks would all come from one or two files
-    train_blocks = sequences(tok, read_corpus(train[:40]), args.calib, args.seq, all_blocks=True)
+    train_blocks = sequences(tok, read_corpus(train[:40]), args.calib, args.seq)
     calib = train_blocks[torch.randperm(len(train_blocks), generator=torch.Generator().manual_seed(args.seed))[:args.calib]]
-    held = sequences(tok, read_corpus(val[:40]), args.eval, args.seq)
+    held = sequences(tok, read_corpus(val[:40]), args.eval, args.seq)[:args.eval]
     print(f"SmolLM2-135M-Instruct loaded in {time.perf_counter() - start:.1f} s; {args.calib} calibration and "
           f"{args.eval} held-out sequences of {args.seq} tokens (standard library, disjoint files)", flush=True)
     rows = [("file weights (Q4_1 g32, dequantized)", "-", perplexity(model, held), 0.0)]

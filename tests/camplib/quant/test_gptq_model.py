@@ -7,7 +7,6 @@ import copy
 import pytest
 import torch
 
-
 from camplib.model import GPT, GPTConfig
 from camplib.quant.gptq import (block_linears, gptq_quantize, hessian, output_error, quantize_model_gptq,
                                 quantize_model_rtn, rtn_quantize)
