@@ -95,23 +95,15 @@ class Side:
         return clock() - start, loss
 
     def shared_share(self, x, y) -> float:
-        """Fraction of one step spent in SHARED_KERNELS, by torch.profiler's self time (device time
-        on CUDA). camplib and transformers compute the same products and attention, so camplib's
-        ratio can at most reach measured ratio / this share (everything else made free): the
-        ceiling the table prints."""
-        from torch.profiler import ProfilerActivity, profile
+        """Fraction of one step spent in SHARED_KERNELS, by camplib.profiling's operator self times
+        (device time on CUDA). camplib and transformers compute the same products and attention,
+        so camplib's ratio can at most reach measured ratio / this share (everything else made
+        free): the ceiling the table prints."""
+        from camplib.profiling import profile_step
 
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        attr = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
-        with profile(activities=acts) as prof:
-            self.step(x, y)
-            sync(self.device)
-        # operator events only: on CUDA each op's self device time already holds its kernels'
-        # time, and the kernel events themselves would count it twice
-        events = [e for e in prof.key_averages()
-                  if e.device_type == torch.autograd.DeviceType.CPU and getattr(e, attr) > 0]
-        total = sum(getattr(e, attr) for e in events)
-        return sum(getattr(e, attr) for e in events if any(k in e.key for k in SHARED_KERNELS)) / total
+        rows = profile_step(lambda: self.step(x, y), warmup=0, top=10**9, device=self.device)
+        total = sum(r.self_ms for r in rows)
+        return sum(r.self_ms for r in rows if any(k in r.name for k in SHARED_KERNELS)) / total
 
 
 def hf_model(family: str, size: str, attn: str, seq: int):

@@ -45,6 +45,8 @@ def profile_step(step: Callable[[], object], warmup: int = 1, top: int = 10, dev
             torch.cuda.synchronize()
     rows = []
     for e in prof.key_averages():
+        if e.device_type != torch.autograd.DeviceType.CPU:
+            continue        # a CUDA kernel's own event: its time is already its launching operator's device time
         self_us = e.self_device_time_total if cuda else e.self_cpu_time_total
         total_us = e.device_time_total if cuda else e.cpu_time_total
         rows.append(OpTime(e.key, self_us / 1e3, total_us / 1e3, e.count))
