@@ -8,6 +8,7 @@ Where things live (one role per folder):
 | `catalog.py`    | `course/labs.toml` as objects: labs, profiles, forbidden APIs, grading caps  |
 | `checks.py`     | what lab test cells call: `check_close`, `forward_backward`, `make` ...      |
 | `text.py`       | plain-text tables and making untrusted text inert (terminal, CSV, HTML)      |
+| `dependency_logs.py` | where dependencies log (bitsandbytes): the course log, never stderr |
 | `course/`       | authoring: `release` (camp build), `execute` (camp run, papermill),          |
 |                 | `selfcheck` (camp check), `labspec` (a lab read from its source notebook),   |
 |                 | `reference` (reference submissions), `nbgrader_setup`                       |
@@ -33,3 +34,10 @@ import sys as _sys
 # jsonschema treats the package as optional (it skips the check on ImportError), so camp's
 # processes go without it. Nothing else imports it (tests/autograder/test_imports.py).
 _sys.modules.setdefault("rfc3987_syntax", None)
+
+# Dependencies that log about the machine (bitsandbytes on an AVX512-BF16 CPU) write to the course
+# log instead of stderr, where nbgrader would score a right answer 0: before any lab cell imports
+# them, since every lab's setup cell imports autograder.checks.
+from autograder import dependency_logs as _dependency_logs  # noqa: E402
+
+_dependency_logs.route()

@@ -5,17 +5,27 @@
   matmuls only lose by waiting for a busy core, and OpenMP threads spinning for a core the other
   worker holds made lab notebooks 2-5x slower (a01's ci run: 16 s with one thread, up to 69 s
   with two beside a busy worker), so a lab's ci budget is measured on one core;
-- no process left behind: a test that starts ranks, sandboxes or servers must end them.
+- no process left behind: a test that starts ranks, sandboxes or servers must end them;
+- `CAMP_FAKE_CPU=avx512bf16` (tests/fake_cpu) runs the suite, and every process it starts, as on
+  a CPU with those feature flags.
 """
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 
+FAKE_CPU = Path(__file__).parent / "fake_cpu"
+
+
 def pytest_configure(config):
     os.environ["OMP_NUM_THREADS"] = "1"
+    if os.environ.get("CAMP_FAKE_CPU") and "sitecustomize" not in sys.modules:
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKE_CPU), os.environ.get("PYTHONPATH")]))
+        sys.path.insert(0, str(FAKE_CPU))
+        import sitecustomize  # noqa: F401  (this process too: workers and the tests' own imports)
     torch.set_num_threads(1)
     # Triton decides at its first import whether it interprets (CPU) or compiles (CUDA), and
     # torch._dynamo, peft and bitsandbytes import it: whichever test ran first decided for the

@@ -2,6 +2,7 @@
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 if sys.version_info >= (3, 11):
@@ -86,17 +87,42 @@ def test_constraints_pin_every_dependency_within_its_range():
     assert not problems, "run `make constraints` in a venv that passes `make test`:\n" + "\n".join(problems)
 
 
-def test_importing_transformers_and_peft_prints_nothing():
+# What a06's cells do: the setup cell imports autograder.checks, a test cell imports peft; then
+# whether bitsandbytes' CPU backend saw AVX512-BF16 and whether the optional `kernels` exists.
+LAB_IMPORTS = """
+import autograder.checks
+import transformers, peft
+import importlib.util, bitsandbytes.functional
+print(bool(bitsandbytes.functional.has_avx512bf16()), importlib.util.find_spec("kernels") is not None)
+"""
+
+
+@pytest.mark.parametrize("cpu", ["this machine's", "avx512bf16"])
+def test_importing_transformers_and_peft_prints_nothing(cpu, tmp_path):
     """A lab cell that imports peft or loads a model must write nothing to stderr (nbgrader scores
-    such a cell 0). transformers and peft import torchao whenever it can be imported, and torchao
-    prints as it loads: reference-only packages (the Makefile's REFERENCE_WHEELS) live off sys.path."""
+    such a cell 0), whatever the CPU. transformers and peft import torchao whenever it can be
+    imported, and torchao prints as it loads: reference-only packages (the Makefile's
+    REFERENCE_WHEELS) live off sys.path. `import peft` imports bitsandbytes, whose CPU backend logs
+    that the optional `kernels` package is missing on a CPU with AVX512-BF16: run both ways here
+    (tests/fake_cpu forces that path), its record lands in the course log
+    (autograder.dependency_logs)."""
     import importlib.util
+    import os
     import subprocess
 
     assert importlib.util.find_spec("torchao") is None, "torchao is importable in the course's venv"
-    out = subprocess.run([sys.executable, "-c", "import transformers, peft"], capture_output=True, text=True,
-                         timeout=300, cwd=ROOT)
+    env = dict(os.environ, CAMP_LOG=str(tmp_path / "course.log"), CAMP_FAKE_CPU="")
+    if cpu == "avx512bf16":
+        env.update(CAMP_FAKE_CPU=cpu, PYTHONPATH=os.pathsep.join(filter(None, [
+            str(ROOT / "tests" / "fake_cpu"), os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", LAB_IMPORTS], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT, env=env)
     assert out.returncode == 0 and out.stderr == "", out.stderr[-3000:]
+    has_bf16, has_kernels = (word == "True" for word in out.stdout.split()[-2:])
+    if cpu == "avx512bf16":
+        assert has_bf16, "tests/fake_cpu did not make bitsandbytes see AVX512-BF16"
+    log = (tmp_path / "course.log").read_text() if (tmp_path / "course.log").exists() else ""
+    assert ("gemm_4bit_forward" in log) == (has_bf16 and not has_kernels), log
 
 
 def test_makefile_pins_the_reference_only_torchao():
