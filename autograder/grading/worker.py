@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..course.labspec import LabSpec
-from ..isolation.sandbox import BASE_UID, Limits, Sandbox
+from ..isolation.sandbox import Limits, Sandbox
 from ..isolation.uids import UidLease
 from .engine import grade_submission, warm_up
 from .results import SubmissionResult, TestOutcome
@@ -57,7 +57,7 @@ def grade_job(job: dict) -> dict:
         for nb in staging.glob("*.ipynb"):
             nb.unlink()
         copy_plain_files(Path(job["submission"]), staging, replace=False)
-        sandbox = Sandbox(staging, isolation=job["isolation"], uid=_lease.uid if _lease else BASE_UID,
+        sandbox = Sandbox(staging, isolation=job["isolation"], uid=_lease.uid if _lease else None,
                           limits=Limits(**job["limits"]), forbid=job["forbid"], threads=job["threads"],
                           log=job_dir / "student.log")
         result = grade_submission(spec, staging / spec.notebook, job["student"], job["lab"], sandbox, job["forbid"],

@@ -38,8 +38,9 @@ from pathlib import Path
 
 from ..grading.wire import WireError, read_message, write_message
 from . import cgroups, seccomp
+from .uids import FIRST_UID as BASE_UID   # first uid of the sandbox range
+from .uids import UidLease
 
-BASE_UID = 61000   # first uid of the sandbox range (autograder.isolation.uids)
 STAGING = "/run/camp-in"
 DISK = "/run/camp-disk"   # where sandbox_init mounts the writable tmpfs
 KEEP = "/run/camp-keep"   # where it stashes course paths that lie under a writable folder
@@ -235,11 +236,18 @@ class Sandbox:
     """One student's process. `staging` (a root-only host folder the student never writes) holds
     the files copied into its work folder; `request` sends a message and waits under a deadline."""
 
-    def __init__(self, staging: Path, *, isolation: str, uid: int = BASE_UID, limits: Limits = Limits(),
+    def __init__(self, staging: Path, *, isolation: str, uid: int | None = None, limits: Limits = Limits(),
                  forbid: list[str] = (), threads: int = 1, log: Path | None = None):
+        """`uid`: the sandbox uid, from a lease the caller holds (a grading worker leases one for
+        its life); None: the sandbox leases one (autograder.isolation.uids) each time it starts
+        and gives it back when closed. Never a fixed number: the kernel counts processes and
+        threads per uid (RLIMIT_NPROC), so a sandbox sharing its uid with another machine-wide (a
+        concurrent `camp grade` grading a fork storm) saw fork() fail (BlockingIOError, EAGAIN)."""
         if isolation == "namespace":
             isolation = "bwrap"
         self.staging, self.isolation, self.uid = staging, isolation, uid
+        self._leases = uid is None
+        self._lease: UidLease | None = None   # the one this sandbox holds while it runs (uid=None)
         self.limits, self.forbid, self.threads = limits, list(forbid), threads
         self.log = log or staging.with_name(staging.name + ".log")
         self.proc: subprocess.Popen | None = None
@@ -284,6 +292,9 @@ class Sandbox:
             raise StudentCrashed("the grading process did not start")
 
     def _start_bwrap(self, log_fd: int) -> None:
+        if self._leases:
+            self._lease = UidLease()
+            self.uid = self._lease.uid
         if cgroups.problem() is None:
             lim = self.limits
             if self._starts == 1:
@@ -355,6 +366,9 @@ class Sandbox:
         if self.budget is not None:
             budget, self.budget = self.budget, None
             budget.close()
+        if self._lease is not None:   # everything of this uid is gone: give it back (self.uid stays readable)
+            lease, self._lease = self._lease, None
+            lease.release()
 
 
 def _last_line(log: Path) -> str:

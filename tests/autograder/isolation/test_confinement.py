@@ -11,6 +11,7 @@ import pytest
 from autograder.grading.remote import Session
 from autograder.isolation import cgroups, seccomp
 from autograder.isolation.sandbox import (
+    BASE_UID,
     WORK,
     Limits,
     Sandbox,
@@ -22,7 +23,6 @@ from autograder.isolation.sandbox import (
 
 pytestmark = pytest.mark.skipif(not namespaces_available(), reason=f"bwrap sandbox unavailable: {sandbox_problem()}")
 
-UID = 61990
 ADD_KEY = seccomp._ARCHES[platform.machine()][1]["add_key"] if seccomp.supported() else 0
 PROBE = r'''
 import ctypes, errno, os, socket, subprocess
@@ -85,7 +85,7 @@ def probe(tmp_path_factory):
     staging.mkdir()
     (staging / "helper.py").write_text("HELPER = 1\n")
     limits = Limits(disk_mb=16, disk_inodes=1000, cpus=0.5, memory_mb=2048)
-    sandbox = Sandbox(staging, isolation="bwrap", uid=UID, limits=limits, threads=1)
+    sandbox = Sandbox(staging, isolation="bwrap", limits=limits, threads=1)
     sandbox.start()
     try:
         session = Session(sandbox)
@@ -96,12 +96,13 @@ def probe(tmp_path_factory):
         quota = [(d / "cpu.cfs_quota_us").read_text().strip() for d in groups if (d / "cpu.cfs_quota_us").exists()]
     finally:
         sandbox.close()
-    return found, groups, quota
+    return dict(found, leased_uid=sandbox.uid), groups, quota
 
 
 def test_runs_as_the_leased_uid_with_no_privilege(probe):
     found, _, _ = probe
-    assert found["ids"] == [UID, UID, UID, []]
+    uid = found["leased_uid"]
+    assert uid >= BASE_UID and found["ids"] == [uid, uid, uid, []]
     assert found["caps"] == ["0000000000000000"] * 4 and found["no_new_privs"] == "1"
     assert found["setuid0"] == 1          # EPERM
 
@@ -181,7 +182,7 @@ def test_a_timeout_says_whether_the_sandbox_was_starved(tmp_path):
         pytest.skip(f"no cgroups: {cgroups.problem()}")
     staging = tmp_path / "in"
     staging.mkdir()
-    sandbox = Sandbox(staging, isolation="bwrap", uid=UID + 1, limits=Limits(cpus=1.0))
+    sandbox = Sandbox(staging, isolation="bwrap", limits=Limits(cpus=1.0))
     try:
         sandbox.start()
         before = sandbox.cpu_seconds()
@@ -202,7 +203,7 @@ def test_groups_of_a_grader_that_died_are_swept():
     if cgroups.problem() is not None:
         pytest.skip(f"no cgroups: {cgroups.problem()}")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
-    live = cgroups.Budget(UID, 1, cpus=1.0, memory_bytes=2**30, tasks=16)
+    live = cgroups.Budget(BASE_UID, 1, cpus=1.0, memory_bytes=2**30, tasks=16)
     try:
         orphan_dirs = [d.with_name(d.name.replace(f"-{os.getpid()}-", f"-{int(dead.stdout)}-")) for d in live.dirs]
         for d in orphan_dirs:

@@ -1,5 +1,8 @@
 """The student's process as the grader sees it: stand-ins call the student's code, objects built
 with `make` live next to it, and everything crosses as tensors and plain data."""
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -69,3 +72,38 @@ def test_a_students_function_runs_on_ranks_inside_the_sandbox(session):
     assert out["calls"] == [{"allreduce": 1}, {"allreduce": 1}] and out["bytes_sent"] == [0, 0]
     with pytest.raises(StudentError, match="not defined in your notebook"):
         session.make("camplib.dist.harness.run_collective", [RemoteObject(session, "missing", "missing"), inputs], {})
+
+
+# Another grading sandbox at its limit: it leases a uid as sandboxes do and fills the uid's task
+# count (RLIMIT_NPROC counts threads per uid, machine-wide) past the 256 a sandbox may use.
+FULL_UID = """
+import os, sys, threading
+from autograder.isolation.uids import UidLease
+lease = UidLease()
+os.setgroups([]); os.setgid(lease.uid); os.setuid(lease.uid)
+for _ in range(300):
+    threading.Thread(target=sys.stdin.read, daemon=True).start()
+print(lease.uid, flush=True)
+sys.stdin.read()
+"""
+FORKS = """
+import os
+def forks(n):
+    pids = [os.fork() or os._exit(0) for _ in range(n)]   # the child exits at once
+    return [os.waitpid(p, 0)[1] for p in pids]
+"""
+
+
+@pytest.mark.skipif(not namespaces_available(), reason="bwrap sandbox unavailable: uids are a sandbox's")
+def test_a_sandbox_full_of_tasks_beside_it_does_not_stop_its_forks(session):
+    """A sandbox's uid is leased machine-wide, never a fixed number: under one uid, a concurrent
+    sandbox's fork storm made this one's rank processes fail to fork (BlockingIOError: EAGAIN)."""
+    assert session.sandbox.uid is not None
+    hog = subprocess.Popen([sys.executable, "-c", FULL_UID], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        full = int(hog.stdout.readline())
+        assert session.request("exec", "forks", source=FORKS) is None
+        assert RemoteObject(session, "forks", "forks")(8) == [0] * 8, f"uid {full} full, this sandbox's {session.sandbox.uid}"
+    finally:
+        hog.stdin.close()
+        hog.wait(30)
