@@ -108,12 +108,16 @@ def unreadable_course_file(paths: list[Path], depth: int = 2) -> Path | None:
     `paths` do not matter: bwrap binds past them. A checkout made under `umask 077` is caught
     at the top; walking a whole environment would take seconds of every grading run, and a
     private file deeper down stops the sandbox's start with its name in the message (a
-    grader error, never a student's zero)."""
+    grader error, never a student's zero). Bytecode caches do not count: Python makes each new
+    `__pycache__` with the umask of whoever imported first (0700 under `umask 077`), and where
+    it cannot read one it compiles from the source (the sandbox writes none)."""
     def check(folder: Path, level: int) -> Path | None:
         if os.stat(folder).st_mode & 0o005 != 0o005:
             return folder
         with os.scandir(folder) as entries:
             for entry in entries:
+                if entry.name == "__pycache__":
+                    continue
                 try:
                     if entry.is_dir(follow_symlinks=False):
                         found = check(Path(entry.path), level + 1) if level < depth else None

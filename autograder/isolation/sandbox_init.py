@@ -125,6 +125,10 @@ def main(argv: list[str]) -> None:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.uid <= 0:
         raise SystemExit("sandbox: refusing to run student code as root")
+    # What this program creates must be open to the sandbox's uid whatever the grader's umask:
+    # under `umask 077` the folders leading to a checkout under /tmp (a `mktemp -d` clone,
+    # re-bound below) were made 0700 and the student's process could not import the course.
+    os.umask(0o022)
 
     writable_disk(args.uid, args.disk_bytes, args.disk_inodes, args.keep)
     copy_in(Path(args.staging), args.uid)

@@ -3,8 +3,11 @@ capabilities, the file system (read-only except one limited tmpfs), namespaces, 
 filter and its cgroup. Needs root and bubblewrap; skipped elsewhere with that reason."""
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +24,7 @@ from autograder.isolation.sandbox import (
     sandbox_problem,
 )
 
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.skipif(not namespaces_available(), reason=f"bwrap sandbox unavailable: {sandbox_problem()}")
 
 ADD_KEY = seccomp._ARCHES[platform.machine()][1]["add_key"] if seccomp.supported() else 0
@@ -153,8 +157,51 @@ def test_a_checkout_other_users_cannot_read_is_refused_by_name(tmp_path):
     assert unreadable_course_file([tmp_path / "course"]) == secret
     secret.chmod(0o644)
     assert unreadable_course_file([tmp_path / "course"]) is None
+    (pkg / "__pycache__").mkdir(mode=0o700)          # Python's cache under `umask 077`: compiled
+    assert unreadable_course_file([tmp_path / "course"]) is None   # from source where unreadable
     pkg.chmod(0o700)                                 # what `umask 077` makes
     assert unreadable_course_file([tmp_path / "course"]) == pkg
+
+
+# The grader of a checkout elsewhere: a sandbox whose student imports the course from it.
+PRIVATE_CHECKOUT = """
+import sys, tempfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from autograder.grading.remote import RemoteObject, Session
+from autograder.isolation.sandbox import Sandbox, course_paths, unreadable_course_file
+assert unreadable_course_file(course_paths()) is None, unreadable_course_file(course_paths())
+sandbox = Sandbox(Path(tempfile.mkdtemp()) / "in", isolation="bwrap")
+sandbox.start()
+try:
+    session = Session(sandbox)
+    assert session.request("exec", "cell", source="import camplib.attention, autograder.checks\\n"
+                           "def where():\\n    return [camplib.attention.__file__, autograder.checks.__file__]\\n") is None
+    print(*RemoteObject(session, "where", "where")())
+finally:
+    sandbox.close()
+"""
+
+
+@pytest.mark.slow
+def test_a_checkout_in_a_private_folder_under_tmp_grades_under_umask_077():
+    """`make test` from a clone in a `mktemp -d` folder (0700, under /tmp, the clone 0700 too),
+    run by an instructor whose umask is 077 (the clone's files made readable, as camp grade asks):
+    the sandbox binds past the private folders, and under /tmp, which is the student's tmpfs
+    there, the folders it makes on the way back to the checkout are open to the student's uid.
+    Under umask 077 they were 0700: 'No module named autograder' in the sandbox."""
+    parent = Path(tempfile.mkdtemp(prefix="camp-private-", dir="/tmp"))   # mktemp -d: 0700
+    try:
+        clone = parent / "clone"
+        clone.mkdir(mode=0o700)
+        for package in ("camplib", "autograder"):
+            shutil.copytree(ROOT / package, clone / package, ignore=shutil.ignore_patterns("__pycache__"))
+        out = subprocess.run([sys.executable, "-I", "-c", PRIVATE_CHECKOUT, str(clone)], capture_output=True, text=True,
+                             timeout=300, cwd=clone, preexec_fn=lambda: os.umask(0o077))
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.split() == [str(clone / "camplib" / "attention.py"), str(clone / "autograder" / "checks.py")]
+    finally:
+        shutil.rmtree(parent)
 
 
 def test_uids_are_leased_exclusively_across_processes(tmp_path):
