@@ -1,4 +1,5 @@
-"""Sandbox uids leased machine-wide: one uid per grading worker, never shared.
+"""Sandbox uids leased machine-wide: one uid per grading worker (or per running `Sandbox` that
+was given none), never shared.
 
 Why: a uid is what the kernel uses for process counts (RLIMIT_NPROC), signal permission and
 file ownership. Two sandboxes with the same uid at the same time (two `camp grade` runs on one
