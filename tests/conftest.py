@@ -6,8 +6,8 @@
   worker holds made lab notebooks 2-5x slower (a01's ci run: 16 s with one thread, up to 69 s
   with two beside a busy worker), so a lab's ci budget is measured on one core;
 - no process left behind: a test that starts ranks, sandboxes or servers must end them;
-- `CAMP_FAKE_CPU=avx512bf16` (tests/fake_cpu) runs the suite, and every process it starts, as on
-  a CPU with those feature flags.
+- `CAMP_FAKE_CPU=avx512bf16` (tests/fake_cpu) runs the suite, and the processes it starts (not
+  the grading sandbox's, which get the sandbox's own environment), as on a CPU with those flags.
 """
 import os
 import sys

@@ -3,8 +3,8 @@ with the feature flags named in $CAMP_FAKE_CPU, as far as the course's dependenc
 
 Libraries take code paths by CPU feature, and the machines the suite runs on may lack the flags a
 class's laptops or cloud machines have. `CAMP_FAKE_CPU=avx512bf16 make test` runs the whole suite
-(tests/conftest.py puts this folder on PYTHONPATH, so notebook kernels and grading processes
-inherit it) as on a CPU with AVX512-BF16; tests/autograder/test_dependency_logs.py runs a lab's
+(tests/conftest.py puts this folder on PYTHONPATH, so notebook kernels and the grader inherit
+it; the grading sandbox does not: its environment is its own) as on a CPU with AVX512-BF16; tests/autograder/test_dependency_logs.py runs a lab's
 imports both ways on any machine.
 
 - `avx512bf16`: bitsandbytes' `has_avx512bf16()` (its native probe) answers True, from the moment
