@@ -70,6 +70,7 @@ def instructor_config(root: Path) -> Config:
     c.CourseDirectory.feedback_directory = _step_dir(root, workspace / "feedback")
     c.CourseDirectory.db_url = f"sqlite:///{workspace / 'gradebook.db'}"
     c.Exchange.root = str(exchange_root(root))
+    c.ExchangeFactory.list = "autograder.course.exchange_list.ExchangeList"   # logs a listing once, not per page
     c.Execute.timeout = 120
     c.HTMLExporter.sanitize_html = True  # Formgrader renders students' markdown in the instructor's browser
     c.HTMLExporter.extra_template_basedirs = formgrader_template_dirs(root)
