@@ -80,9 +80,10 @@ def instructor_config(root: Path) -> Config:
 def formgrader_template_dirs(root: Path) -> list[str]:
     """nbconvert template folders for Formgrader's pages: the course's own first (its
     formgrade/mathjax.html.j2 loads MathJax from the server, not a CDN), then nbgrader's."""
-    from nbgrader.server_extensions.formgrader.handlers import template_path
+    import nbgrader   # its templates' folder as nbgrader names it (server_extensions.formgrader.handlers)
 
-    return [str(Path(root) / "course" / "jupyter" / "templates"), template_path]
+    nbgrader_templates = Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "templates"
+    return [str(Path(root) / "course" / "jupyter" / "templates"), str(nbgrader_templates)]
 
 
 def prepare_instructor_folders(root: Path) -> tuple[Path, Path]:

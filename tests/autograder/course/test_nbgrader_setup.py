@@ -160,6 +160,9 @@ def test_formgrader_page_loads_mathjax_from_the_server_not_a_cdn(tmp_path):
 
     import jupyter_server_mathjax
 
+    from nbgrader.server_extensions.formgrader.handlers import template_path
+
+    assert formgrader_template_dirs(ROOT)[1:] == [template_path]     # nbgrader's own, after the course's
     c = Config()
     c.HTMLExporter.template_name = "formgrade"                       # as nbgrader's Formgrader sets them
     c.HTMLExporter.extra_template_basedirs = formgrader_template_dirs(ROOT)
