@@ -20,10 +20,19 @@ CHROMIUM ?= /usr/bin/chromium
 # /etc/profile whenever make's output is not a terminal). Its root is the repository
 # (Formgrader needs the course inside it); it opens on labs/. LAB_ARGS adds server options
 # (tests/browser: a port, a token, no browser).
+# ROLE: `make lab` is a student's JupyterLab; `make lab ROLE=instructor` adds nbgrader's instructor
+# tools (Formgrader, Course List, Create assignment) and releases the ready labs into the exchange.
+# The Jupyter settings the course ships are in course/jupyter/ (see its README), put first on
+# JUPYTER_CONFIG_PATH: no news prompt for anyone, instructor tools off for students.
 LAB_ARGS ?=
-lab: setup ## set everything up and open JupyterLab on the released labs
+ROLE ?= student
+JUPYTER_CONFIG_student := $(CURDIR)/course/jupyter/student:$(CURDIR)/course/jupyter/everyone
+JUPYTER_CONFIG_instructor := $(CURDIR)/course/jupyter/everyone
+lab: setup ## set everything up and open JupyterLab on the released labs (ROLE=instructor: with Formgrader)
+	$(if $(JUPYTER_CONFIG_$(ROLE)),,$(error ROLE must be student or instructor, not "$(ROLE)"))
 	$(BIN)/camp list
-	$(BIN)/python -m autograder.course.nbgrader_setup
+	$(BIN)/python -m autograder.course.nbgrader_setup --role $(ROLE)
+	JUPYTER_CONFIG_PATH="$(JUPYTER_CONFIG_$(ROLE))$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter lab --ServerApp.root_dir=. \
 		--LabApp.default_url=/lab/tree/labs \
 		--ServerApp.terminado_settings="{\"shell_command\": [\"$${SHELL:-/bin/sh}\"]}" \

@@ -1,5 +1,6 @@
-"""nbgrader's configuration for the instructor's JupyterLab (`make lab`): Formgrader, the Validate
-button and release/collect read it from the server's working folder, the repository root.
+"""nbgrader's configuration for `make lab`'s JupyterLab (an instructor's, `ROLE=instructor`, and a
+student's): Formgrader, the Validate button and release/collect read it from the server's
+working folder, the repository root.
 
 The course is this repository (solutions/ released into labs/); submissions, autograded
 notebooks, feedback and gradebook.db live in the grading workspace that `camp grade` writes:

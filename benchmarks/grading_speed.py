@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from autograder.catalog import Catalog, repo_root
-from autograder.course.nbgrader_setup import nbgrader_api, nbgrader_config
+from autograder.course.nbgrader_setup import SUBMITTED, nbgrader_api, nbgrader_config
 from autograder.course.reference import student_notebook, write_submission
 
 LAB = "b01"
@@ -44,7 +44,7 @@ def nbgrader_serial(subs: Path, ws: Path) -> dict[str, float]:
     from nbgrader.api import Gradebook
     lab = Catalog.load().get(LAB)
     shutil.copytree(lab.source_path(repo_root()).parent, ws / "source" / lab.name)
-    shutil.copytree(subs, ws / "submitted")
+    shutil.copytree(subs, ws / SUBMITTED)   # the workspace's nbgrader "submitted" folder
     api = nbgrader_api(nbgrader_config(ws, cell_timeout=lab.cell_timeout))
     assert api.generate_assignment(lab.name)["success"]
     for student in sorted(p.name for p in subs.iterdir()):

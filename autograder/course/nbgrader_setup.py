@@ -3,7 +3,8 @@
 `nbgrader_config` builds the traitlets config for a course folder, so build and grade configure
 nbgrader the same way (through its API, never by copying files by hand into its folders).
 `instructor_config` is what the repository's nbgrader_config.py loads for Formgrader and the
-Validate button: the course is the repository (solutions/ -> labs/), and collected submissions,
+Validate button: the course is the repository (solutions/ -> labs/, every ready lab released
+into the exchange by `make lab ROLE=instructor`: `release_ready_labs`), and collected submissions,
 autograded notebooks, feedback and the gradebook live in the grading workspace that `camp grade` writes
 (`grading_workspace`: ./grading, or $CAMP_GRADING_DIR), so both always read and write one place.
 """
@@ -19,6 +20,15 @@ from traitlets.config import Config
 COURSE_ID = "llm-camp"   # nbgrader's course id: the exchange's folder name and the gradebook's course
 GRADING_ENV = "CAMP_GRADING_DIR"    # where `camp grade` writes and Formgrader reads (default ./grading)
 EXCHANGE_ENV = "CAMP_EXCHANGE_DIR"  # nbgrader's exchange (default ./exchange)
+# The workspace's folder nbgrader calls "submitted": its collect writes there and so does
+# `camp grade` (its checked copy of each upload it grades, with a timestamp.txt), so Formgrader
+# counts and dates exactly the submissions `camp grade` graded.
+SUBMITTED = "collected"
+
+
+def submission_folder(workspace: Path, student: str, lab_name: str) -> Path:
+    """Where the workspace keeps `student`'s submission of a lab (nbgrader's submitted folder)."""
+    return Path(workspace) / SUBMITTED / student / lab_name
 
 
 def grading_workspace(root: Path) -> Path:
@@ -53,16 +63,27 @@ def instructor_config(root: Path) -> Config:
     c.CourseDirectory.course_id = COURSE_ID
     c.CourseDirectory.source_directory = "solutions"
     c.CourseDirectory.release_directory = "labs"
-    # nbgrader's "submitted" is where its collect puts students' turned-in work: grade it with
-    # `camp grade <workspace>/collected` (camp keeps its own copy of what it graded in submitted/)
-    c.CourseDirectory.submitted_directory = _step_dir(root, workspace / "collected")
+    # nbgrader's "submitted": where its collect puts turned-in work (grade it with `camp grade
+    # <workspace>/collected`) and where `camp grade` keeps what it graded
+    c.CourseDirectory.submitted_directory = _step_dir(root, workspace / SUBMITTED)
     c.CourseDirectory.autograded_directory = _step_dir(root, workspace / "autograded")
     c.CourseDirectory.feedback_directory = _step_dir(root, workspace / "feedback")
     c.CourseDirectory.db_url = f"sqlite:///{workspace / 'gradebook.db'}"
     c.Exchange.root = str(exchange_root(root))
+    c.ExchangeFactory.list = "autograder.course.exchange_list.ExchangeList"   # logs a listing once, not per page
     c.Execute.timeout = 120
     c.HTMLExporter.sanitize_html = True  # Formgrader renders students' markdown in the instructor's browser
+    c.HTMLExporter.extra_template_basedirs = formgrader_template_dirs(root)
     return c
+
+
+def formgrader_template_dirs(root: Path) -> list[str]:
+    """nbconvert template folders for Formgrader's pages: the course's own first (its
+    formgrade/mathjax.html.j2 loads MathJax from the server, not a CDN), then nbgrader's."""
+    import nbgrader   # its templates' folder as nbgrader names it (server_extensions.formgrader.handlers)
+
+    nbgrader_templates = Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "templates"
+    return [str(Path(root) / "course" / "jupyter" / "templates"), str(nbgrader_templates)]
 
 
 def prepare_instructor_folders(root: Path) -> tuple[Path, Path]:
@@ -105,6 +126,7 @@ def nbgrader_config(root: Path, *, source: str | Path = "source", release: str |
     c.CourseDirectory.root = str(root)
     c.CourseDirectory.source_directory = str(source)
     c.CourseDirectory.release_directory = str(release)
+    c.CourseDirectory.submitted_directory = SUBMITTED
     c.CourseDirectory.db_url = f"sqlite:///{db_path or Path(root) / 'gradebook.db'}"
     c.Execute.timeout = cell_timeout
     c.Execute.kernel_name = "python3"
@@ -149,14 +171,54 @@ def nbgrader_api(config: Config):
     return NbGraderAPI(coursedir=coursedir, config=config)
 
 
-def main() -> int:
-    """`python -m autograder.course.nbgrader_setup` (run by `make lab`): create the instructor's
-    folders and say where they are."""
+def release_ready_labs(root: Path) -> tuple[list[str], str]:
+    """Release every ready lab (its labs/ folder: what students already have) into the exchange
+    that does not hold it yet, through nbgrader's own release, so Formgrader calls it released,
+    not "draft" (and, with nothing released, nbgrader would list the exchange once per lab).
+    Returns (the names released now, why it could not release: "" when it could)."""
+    from ..catalog import Catalog
+
+    root = Path(root).resolve()
+    outbound = exchange_root(root) / COURSE_ID / "outbound"
+    if not os.access(outbound, os.W_OK | os.X_OK):
+        return [], f"{outbound} is not writable by this user (the course's instructor releases there)"
+    api = None
+    released = []
+    for lab in Catalog.load(root / "course" / "labs.toml").ready():
+        if (outbound / lab.name).exists() or not lab.release_path(root).is_file():
+            continue
+        api = api or nbgrader_api(instructor_config(root))
+        result = api.release_assignment(lab.name)
+        if not result["success"]:
+            return released, f"nbgrader could not release {lab.name}: " + \
+                (result.get("error") or result.get("log") or "").strip()[-300:]
+        released.append(lab.name)
+    return released, ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m autograder.course.nbgrader_setup [--role student|instructor]` (run by `make
+    lab`): create the instructor's folders, release the ready labs for an instructor, and say
+    where things are."""
+    import argparse
+
     from ..catalog import repo_root
 
-    workspace, exchange = prepare_instructor_folders(repo_root())
+    parser = argparse.ArgumentParser(prog="python -m autograder.course.nbgrader_setup")
+    parser.add_argument("--role", choices=("student", "instructor"), default="student")
+    args = parser.parse_args(argv)
+    root = repo_root()
+    workspace, exchange = prepare_instructor_folders(root)
+    if args.role == "student":
+        print(f"nbgrader: exchange {exchange} (${EXCHANGE_ENV}); Validate on every notebook. "
+              "Instructors: make lab ROLE=instructor (Formgrader)")
+        return 0
+    released, problem = release_ready_labs(root)
     print(f"nbgrader: grading workspace {workspace} (${GRADING_ENV}), exchange {exchange} (${EXCHANGE_ENV}); "
-          "Formgrader: Nbgrader > Formgrader in JupyterLab")
+          "Formgrader: Nbgrader > Formgrader in JupyterLab"
+          + (f"; released {len(released)} ready labs into the exchange" if released else ""))
+    if problem:
+        print(f"nbgrader: WARNING: {problem}", file=sys.stderr)
     return 0
 
 

@@ -2,7 +2,9 @@
 
 The workspace (`--out`, made private to the grader) is an nbgrader course of its own: source/
 holds a copy of each graded lab's source notebook (registered with nbgrader's
-generate_assignment), submitted/ the students' files, results/ one JSON per graded submission,
+generate_assignment), collected/ the students' files (nbgrader's "submitted" folder, where its
+collect writes too: each graded upload's checked copy with its timestamp.txt, so Formgrader
+counts and dates what was graded), results/ one JSON per graded submission,
 feedback/ the HTML each student gets, gradebook.db the scores, grades.csv and report.html the
 summaries. Each submission runs in its own sandbox (autograder.isolation.sandbox) while the course's
 tests run in a clean process (autograder.grading.engine). A finished result is written atomically
@@ -12,7 +14,9 @@ interrupted grading run resumes where it stopped.
 Uploads are read first (autograder.grading.uploads, under the course's `[grading]` caps): a
 malformed one is that student's 0 with its reason, published like any result. grades.csv
 (autograder.reports.grades_csv) and report.html are written whatever happens; rows whose status
-is "grader error" are the grader's failures, and make `camp grade` exit non-zero.
+is "grader error" are the grader's failures, and make `camp grade` exit non-zero. A row's message
+is why the submission lost points (autograder.reports.reasons), the same in the printed table,
+grades.csv and report.html.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from pathlib import Path
 
 from ..catalog import Catalog, GradingCaps, Lab
 from ..course.labspec import LabSpec
-from ..course.nbgrader_setup import nbgrader_api, nbgrader_config
+from ..course.nbgrader_setup import SUBMITTED, nbgrader_api, nbgrader_config, submission_folder
 from ..isolation import cgroups
 from ..isolation.sandbox import (
     Limits,
@@ -38,10 +42,12 @@ from ..reports.feedback import write_feedback_html
 from ..reports.formgrader import publish_for_formgrader
 from ..reports.gradebook import record
 from ..reports.grades_csv import GRADER_ERROR, GradeRow, write_grades_csv
+from ..reports.reasons import lost_points
 from ..text import html_text, inert
 from .pool import GradingPool
 from .results import SubmissionResult, TestOutcome, load_result, result_key, save_result
 from .uploads import Rejected, Submission, collect, copy_plain_files, remove_tree
+from .uploads.turned_in import record_turned_in
 
 __all__ = ["GradeOptions", "GradeRow", "GradingSetupError", "grade", "resolve_isolation"]
 
@@ -129,7 +135,7 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
                     reason = whole[student]
                     attached.add(student)
                 if reason:
-                    remove_tree(out / "submitted" / student / lab.name)   # never show an older upload
+                    _keep_rejected(out, submissions_dir, student, lab)
                     run.publish(lab, _rejected_result(student, lab, spec, reason))
                     continue
                 if student not in submitted:
@@ -137,7 +143,8 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
                     continue
                 run.pending[(student, lab.id)] = spec.max_score
                 try:
-                    job = _prepare(out, root, lab, submitted[student], options, isolation, scratch_root, share, seed)
+                    job = _prepare(out, root, lab, submitted[student], submissions_dir, options, isolation,
+                                   scratch_root, share, seed)
                 except Exception as exc:  # a grader-side failure on this submission only
                     run.add(GradeRow(student, lab.id, 0.0, spec.max_score, GRADER_ERROR,
                                      f"could not prepare the submission: {type(exc).__name__}: {exc}"))
@@ -257,11 +264,26 @@ def _rejected_result(student: str, lab: Lab, spec: LabSpec, reason: str) -> Subm
                                    for t in spec.tests])
 
 
-def _prepare(out: Path, root: Path, lab: Lab, sub: Submission, options: GradeOptions, isolation: str,
-             scratch_root: Path, share: dict, seed: int) -> dict | SubmissionResult:
-    """Copy one checked submission into the workspace: its cached result if still valid, else its job."""
-    dest = out / "submitted" / sub.student / lab.name
+def _keep_rejected(out: Path, submissions_dir: Path, student: str, lab: Lab) -> None:
+    """The workspace's trace of a rejected upload: only its timestamp.txt (so Formgrader counts
+    and dates it; never an older upload's files), unless the upload is the workspace's own
+    collected copy (`camp grade <workspace>/collected`), which stays as nbgrader collected it."""
+    folder = submission_folder(out, student, lab.name)
+    if Path(submissions_dir).resolve() != (out / SUBMITTED).resolve():
+        remove_tree(folder)
+    try:
+        record_turned_in(folder, submissions_dir, student, (lab.id, lab.name))
+    except OSError:   # no time to show (Formgrader says None): the rejection itself is still published
+        pass
+
+
+def _prepare(out: Path, root: Path, lab: Lab, sub: Submission, submissions_dir: Path, options: GradeOptions,
+             isolation: str, scratch_root: Path, share: dict, seed: int) -> dict | SubmissionResult:
+    """Copy one checked submission into the workspace, with the time it was turned in: its
+    cached result if still valid, else its job."""
+    dest = submission_folder(out, sub.student, lab.name)
     copy_plain_files(sub.path, dest)
+    record_turned_in(dest, submissions_dir, sub.student, (sub.lab,))
     key = result_key(dest, out / "source" / lab.name / lab.notebook)
     cached = None if options.regrade else load_result(out, lab.name, sub.student, key)
     if cached:
@@ -330,11 +352,7 @@ def _publish(out: Path, lab: Lab, result: SubmissionResult, caps: GradingCaps) -
     record(out / "gradebook.db", lab.name, Path(lab.notebook).stem, result)
     publish_for_formgrader(out, lab, result)
     html = out / "feedback" / result.student / lab.name / lab.notebook.replace(".ipynb", ".html")
-    write_feedback_html(spec, result, out / "submitted" / result.student / lab.name / lab.notebook, html, caps)
-    failed = [t for t in result.tests if t.message]
-    message = result.message or (result.cell_errors[0] if result.cell_errors and result.score == 0 else "")
-    if not message and failed:
-        message = "failed: " + ", ".join(t.grade_id for t in failed)
+    write_feedback_html(spec, result, submission_folder(out, result.student, lab.name) / lab.notebook, html, caps)
     status = GRADER_ERROR if result.retry else result.status
-    return GradeRow(result.student, lab.id, result.score, result.max_score, status, message[:300],
+    return GradeRow(result.student, lab.id, result.score, result.max_score, status, lost_points(result),
                     str(html.relative_to(out)))

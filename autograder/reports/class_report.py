@@ -1,7 +1,7 @@
 """The instructor's report (report.html next to grades.csv): per lab, the counts (submitted,
 graded, errors, not submitted), one figure (total score histogram and the score distribution of
 each exercise, integer axes), the failure rate per test, and a table of every student with their
-score per exercise and a link to their feedback.
+score per exercise, why they lost points (reports.reasons) and a link to their feedback.
 
 One self-contained page: the figure is an inline PNG, nothing is loaded from the network (a
 Content-Security-Policy says so too), and every student-provided string is escaped.
@@ -17,6 +17,7 @@ from ..grading.results import SubmissionResult
 from ..text import html_text
 from .feedback import CSP
 from .grades_csv import GRADER_ERROR, GradeRow
+from .reasons import MAX_REASON
 
 _STYLE = ("body{font-family:system-ui,sans-serif;max-width:72rem;margin:2em auto;padding:0 1rem}"
           "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 10px;text-align:left}"
@@ -100,7 +101,7 @@ def _lab_section(lab: str, rows: list[GradeRow], results: list[SubmissionResult]
         css = " class='error'" if row.status in ("error", GRADER_ERROR) else ""
         parts.append(f"<tr{css}><td>{html_text(row.student, 80)}</td><td>{html_text(row.status)}</td>"
                      f"<td class='num'>{row.score:g} / {row.max_score:g}</td>{cells}"
-                     f"<td>{html_text(row.message, 200)}</td><td>{link}</td></tr>")
+                     f"<td>{html_text(row.message, MAX_REASON)}</td><td>{link}</td></tr>")
     parts.append("</table>")
     return parts
 

@@ -3,9 +3,10 @@
 Formgrader lists a submission as graded, and opens it for manual grading, only when three
 things agree: the gradebook has it (reports.gradebook.record), the workspace holds
 autograded/<student>/<lab>/<notebook>.ipynb, and the gradebook's timestamp equals the one in
-nbgrader's submitted folder (the workspace's collected/, see course.nbgrader_setup), i.e. the
-timestamp.txt of the submission camp graded (None when it had none: zips from elsewhere).
-This module writes the last two: a later collect of a newer submission then shows as ungraded.
+nbgrader's submitted folder (the workspace's collected/, course.nbgrader_setup.SUBMITTED), i.e.
+the timestamp.txt `camp grade` wrote there with the upload it graded
+(grading.uploads.turned_in). This module writes the last two: a later collect of a newer
+submission then shows as ungraded.
 
 The autograded notebook is built like nbgrader's own (its OverwriteCells step): the student's
 cells in the student's order, every graded cell restored from the course's source (metadata,
@@ -17,13 +18,14 @@ notebook in the instructor's browser, so nothing the student wrote is shown as l
 """
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 
 import nbformat
 
 from ..catalog import Lab
+from ..course.nbgrader_setup import submission_folder
 from ..grading.results import SubmissionResult
+from ..grading.uploads.turned_in import read_stamp
 from .gradebook import set_submission_time
 
 MISSING_SOLUTION = "# (this cell was missing from the submission)\n"
@@ -31,8 +33,8 @@ MISSING_SOLUTION = "# (this cell was missing from the submission)\n"
 
 def publish_for_formgrader(out: Path, lab: Lab, result: SubmissionResult) -> Path:
     """Write autograded/<student>/<lab>/<notebook> in the workspace `out` and align the
-    gradebook's submission time with submitted/.../timestamp.txt. Returns the notebook's path."""
-    submitted = out / "submitted" / result.student / lab.name
+    gradebook's submission time with collected/.../timestamp.txt. Returns the notebook's path."""
+    submitted = submission_folder(out, result.student, lab.name)
     source = nbformat.read(out / "source" / lab.name / lab.notebook, as_version=4)
     try:
         student = nbformat.read(submitted / lab.notebook, as_version=4)
@@ -41,7 +43,7 @@ def publish_for_formgrader(out: Path, lab: Lab, result: SubmissionResult) -> Pat
     dest = out / "autograded" / result.student / lab.name / lab.notebook
     dest.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(autograded_notebook(source, student, result), dest)
-    set_submission_time(out / "gradebook.db", lab.name, result.student, _submitted_at(submitted))
+    set_submission_time(out / "gradebook.db", lab.name, result.student, read_stamp(submitted))
     return dest
 
 
@@ -93,19 +95,3 @@ def _plain(cell) -> nbformat.NotebookNode:
 def _verdict_text(test) -> str:
     head = f"camp grade: {test.grade_id} {test.score:g} / {test.points:g} points"
     return head + ("\n" + test.message if test.message else " (passed)") + "\n"
-
-
-def _submitted_at(submitted: Path) -> datetime.datetime | None:
-    """The time in the submission's timestamp.txt (written by nbgrader's submit and collect), or
-    None. An unreadable one is removed from the workspace's copy: nbgrader would fail to list
-    every submission of the lab on it."""
-    from nbgrader.utils import parse_utc
-
-    stamp = submitted / "timestamp.txt"
-    if not stamp.is_file():
-        return None
-    try:
-        return parse_utc(stamp.read_text()[:100].strip())
-    except (ValueError, OverflowError, TypeError):
-        stamp.unlink()
-        return None

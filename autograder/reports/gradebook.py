@@ -20,7 +20,9 @@ def _open(db_path: Path):
 def record(db_path: Path, lab_name: str, notebook_id: str, result: SubmissionResult) -> None:
     """Replace any earlier submission of (student, lab) by this result's scores. Each graded
     test gets its auto score and is not flagged "needs manual grade" (nbgrader's default for a
-    new grade); only a result the grader could not finish (`retry`) stays flagged."""
+    new grade); only a result the grader could not finish (`retry`) stays flagged. A student new
+    to the gradebook gets names Formgrader can show (`_name_from_id`); names already there (set
+    in Formgrader's Manage Students) are kept."""
     import warnings
 
     from nbgrader.api import MissingEntry
@@ -28,7 +30,9 @@ def record(db_path: Path, lab_name: str, notebook_id: str, result: SubmissionRes
 
     with warnings.catch_warnings(), _open(db_path) as gb:
         warnings.simplefilter("ignore", SAWarning)  # nbgrader's own session-autoflush chatter
-        gb.update_or_create_student(result.student)
+        student = gb.update_or_create_student(result.student)
+        if student.first_name is None and student.last_name is None:
+            student.first_name, student.last_name = _name_from_id(result.student)
         try:
             gb.remove_submission(lab_name, result.student)
         except MissingEntry:
@@ -39,6 +43,13 @@ def record(db_path: Path, lab_name: str, notebook_id: str, result: SubmissionRes
             grade.auto_score = test.score
             grade.needs_manual_grade = bool(result.retry)
         gb.db.commit()
+
+
+def _name_from_id(student_id: str) -> tuple[str, str]:
+    """(first name, last name) for a student known only by id: the id as the last name, the
+    first name empty. Formgrader shows a missing name as "None, None"; the id is all `camp
+    grade` knows (nbgrader's Manage Students, or `nbgrader db student import`, sets real ones)."""
+    return "", student_id
 
 
 def set_submission_time(db_path: Path, lab_name: str, student: str, when: datetime.datetime | None) -> None:

@@ -21,7 +21,7 @@ class GradeRow:
     score: float
     max_score: float
     status: str          # graded | error (the student's upload or notebook) | grader error | not submitted
-    message: str = ""
+    message: str = ""    # why it lost points (reports.reasons.lost_points), or why it was not graded
     feedback: str = ""   # the student's feedback page, relative to the grading workspace
 
     @property

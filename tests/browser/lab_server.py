@@ -1,5 +1,6 @@
 """`make lab` as a test drives it: the real Makefile target (ladder, instructor folders, the
-server with the venv's bin on PATH), on a free loopback port with a random token and no browser,
+server with the venv's bin on PATH, `ROLE` student or instructor), on a free loopback port with a
+random token and no browser,
 stopped through the server's own shutdown API (it ends its kernels and terminals) and, failing
 that, by killing the process group."""
 from __future__ import annotations
@@ -21,8 +22,8 @@ def free_port() -> int:
 
 
 class LabServer:
-    def __init__(self, root: Path, env: dict[str, str], log: Path):
-        self.root, self.env, self.log = root, env, log
+    def __init__(self, root: Path, env: dict[str, str], log: Path, role: str = "student"):
+        self.root, self.env, self.log, self.role = root, env, log, role
         self.port, self.token = free_port(), secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -31,7 +32,7 @@ class LabServer:
         args = (f"--no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port={self.port} "
                 f"--ServerApp.port_retries=0 --IdentityProvider.token={self.token}")
         stamp = ".venv/.camp-installed"   # the Makefile's name for it: never reinstall from a test
-        cmd = ["make", "--no-print-directory", "-o", stamp, "lab", f"LAB_ARGS={args}"]
+        cmd = ["make", "--no-print-directory", "-o", stamp, "lab", f"ROLE={self.role}", f"LAB_ARGS={args}"]
         self._log_file = open(self.log, "w")
         self.proc = subprocess.Popen(cmd, cwd=self.root, env=self.env, stdout=self._log_file,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

@@ -1,13 +1,17 @@
 """`make lab` in a real browser, as a student and as an instructor would use it.
 
-One test, in the order a person goes: the ladder is printed and JupyterLab opens; a solved b01
-Formgrader lists the lab (on a fresh workspace: it creates the gradebook, which needs `alembic`
-on the server's PATH); a solved b01 runs top to bottom (menu Run > Run All Cells) and its
-attention widget renders; nbgrader's Validate button says it passes; `camp`, `nbgrader` and
-`alembic` are the venv's in a JupyterLab terminal; meanwhile `camp grade` grades the same
-reference submission into the grading workspace the server's nbgrader_config.py reads, and
-Formgrader then shows it graded with its score, not flagged for manual grading, and opens it
-for manual grading.
+One test, in the order people go, with a student's `make lab` and an instructor's `make lab
+ROLE=instructor` running side by side: the ladder is printed and JupyterLab opens, with no
+Jupyter news prompt; the student's Nbgrader menu has no instructor tools (and the server no
+Formgrader); the instructor's has one Formgrader entry, which lists the lab as released (on a
+fresh workspace: it creates the gradebook, which needs `alembic` on the server's PATH); a solved
+b01 runs top to bottom (menu Run > Run All Cells) and its attention widget renders; nbgrader's
+Validate button says it passes; `camp`, `nbgrader` and `alembic` are the venv's in a JupyterLab
+terminal; meanwhile `camp grade` grades the same reference submission into the grading
+workspace the server's nbgrader_config.py reads, and Formgrader then counts one submission,
+shows it graded with its score, time and a name (not "None"), not flagged for manual grading,
+and opens it for manual grading with MathJax served by the server. No page loads anything from
+another host, and nbgrader logs its exchange listing once, not once per page.
 
 The workspace and the exchange are temporary ($CAMP_GRADING_DIR / $CAMP_EXCHANGE_DIR, the one
 setting both `camp grade` and nbgrader_config.py read), so a real grading/ is never touched; the
@@ -35,9 +39,10 @@ ROOT = repo_root()
 LAB, LAB_NAME, STUDENT = "b01", "b01_attention", "ada"
 TOTAL_BUDGET_S = 300   # fail rather than hang (each browser step also has its own timeout)
 # JupyterLab settings for the test's own (temporary) settings folder: every cell in the DOM, so the
-# test can read every prompt (the default attaches only what is on screen); no news prompt.
-LAB_SETTINGS = {"@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
-                "@jupyterlab/apputils-extension/notification": {"fetchNews": "false"}}   # fail rather than hang; the run is about a minute on an idle 2-core machine
+# test can read every prompt (the default attaches only what is on screen). No news setting here:
+# the course's own (course/jupyter) must keep the prompt away.
+LAB_SETTINGS = {"@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"}}
+INSTRUCTOR_TOOLS = ("Formgrader", "Course List", "Create assignment")
 
 
 @pytest.fixture
@@ -71,14 +76,25 @@ def test_student_and_instructor_in_a_real_browser(sandbox, browser_page):
     camp = [str(Path(sys.executable).parent / "camp"), "grade", str(tmp / "submissions"), "--lab", LAB,
             "--isolation", isolation]
     grading, grading_log = None, open(tmp / "camp-grade.log", "w")
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
     try:
-        with LabServer(ROOT, env, tmp / "make-lab.log") as lab:
-            times["server up"] = time.monotonic() - started
+        with LabServer(ROOT, env, tmp / "make-lab.log") as lab, \
+                LabServer(ROOT, env, tmp / "make-lab-instructor.log", role="instructor") as teacher:
+            times["servers up"] = time.monotonic() - started
             assert re.search(rf"^{LAB}\s+basic", lab.output(), re.M), "make lab did not print the ladder"
             _opens_on_the_labs(page, lab)
-            times["lab opens on labs/"] = time.monotonic() - started
+            _no_news_prompt(page, lab)
+            assert _nbgrader_menu(page) == ["Assignment List"], "a student's Nbgrader menu"
+            assert not page.locator(".lm-TabBar-tab", has_text="Create Assignment").count()
+            assert page.goto(lab.url("/formgrader")).status == 404, "Formgrader is served to students"
+            times["student's lab opens on labs/"] = time.monotonic() - started
+            _opens_on_the_labs(page, teacher)
+            menu = _nbgrader_menu(page)
+            assert all(menu.count(tool) == 1 for tool in INSTRUCTOR_TOOLS), f"the instructor's Nbgrader menu: {menu}"
+            assert page.locator(".lm-TabBar-tab", has_text="Create Assignment").count() == 1
             # on a fresh workspace, Formgrader creates the gradebook (nbgrader runs alembic)
-            _formgrader_lists_the_lab(page, lab)
+            assert _formgrader_lists_the_lab(page, teacher) == ("released", "0")
             assert (tmp / "grading" / "gradebook.db").is_file(), "Formgrader did not create the gradebook"
             times["formgrader lists the lab"] = time.monotonic() - started
             grading = subprocess.Popen(camp, cwd=tmp, env=env, stdout=grading_log, stderr=subprocess.STDOUT,
@@ -93,14 +109,20 @@ def test_student_and_instructor_in_a_real_browser(sandbox, browser_page):
             times["camp grade done"] = time.monotonic() - started
             grade_log = (tmp / "camp-grade.log").read_text()
             assert grading.returncode == 0 and re.search(rf"{STUDENT}\s+{LAB}\s+12\s+12\s+graded", grade_log), grade_log
-            _formgrader_shows_the_graded_submission(page, lab)
+            assert _formgrader_lists_the_lab(page, teacher) == ("released", "1")
+            _formgrader_shows_the_graded_submission(page, teacher, tmp / "grading")
             times["formgrader shows the submission"] = time.monotonic() - started
+            listings = teacher.output().count("Released assignments:")
+            assert listings == 1, f"nbgrader listed the exchange in the log {listings} times, not once"
     finally:
         if grading is not None:
             if grading.poll() is None:
                 grading.kill()
             grading.wait()
         grading_log.close()
+    bases = (lab.base, teacher.base, "data:", "blob:", "about:")
+    elsewhere = sorted({u for u in requests if not u.startswith(bases)})
+    assert not elsewhere, f"pages loaded from other hosts (a CDN?): {elsewhere[:10]}"
     print("browser smoke test, seconds since start: " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
 
 
@@ -179,22 +201,52 @@ def _camp_in_a_terminal(page, out: Path) -> None:
     assert re.search(rf"^{LAB}\s+basic", text, re.M), f"`camp list` in the terminal printed:\n{text}"
 
 
-def _formgrader_lists_the_lab(page, lab) -> None:
+def _no_news_prompt(page, lab) -> None:
+    """The course's settings answer JupyterLab's "get notified about official Jupyter news?" with
+    no (course/jupyter/everyone): the setting as the server serves it, and no prompt on screen."""
+    page.wait_for_function(
+        """async (url) => { const r = await fetch(url); const s = await r.json();
+                            return s.composite && s.composite.fetchNews === "false"; }""",
+        arg=lab.url("/lab/api/settings/@jupyterlab/apputils-extension:notification"), timeout=10_000)
+    time.sleep(3)   # the prompt, when asked for, shows within a second or two of the page
+    assert "official Jupyter news" not in page.locator("body").inner_text()
+
+
+def _nbgrader_menu(page) -> list[str]:
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Nbgrader$")).click()
+    items = page.locator(".lm-Menu-content .lm-Menu-item:visible .lm-Menu-itemLabel")
+    items.first.wait_for()
+    labels = [t.strip() for t in items.all_inner_texts()]
+    page.keyboard.press("Escape")
+    return labels
+
+
+def _formgrader_lists_the_lab(page, lab) -> tuple[str, str]:
+    """Formgrader's assignment list: the lab's (status, number of submissions)."""
     page.goto(lab.url("/formgrader/manage_assignments"))
     page.locator("#main-table a", has_text=LAB_NAME).first.wait_for()
     assert "nbgrader will not work correctly" not in page.content()
     warnings = page.locator("#warning-exchange, #warning-course-id")
     assert warnings.count() == 0, f"Formgrader: {warnings.first.inner_text()}"   # release/collect available
+    row = page.locator("#main-table tr", has=page.locator("a", has_text=LAB_NAME)).first
+    return row.locator(".status").inner_text().strip(), row.locator(".num-submissions").inner_text().strip()
 
 
-def _formgrader_shows_the_graded_submission(page, lab) -> None:
+def _formgrader_shows_the_graded_submission(page, lab, workspace: Path) -> None:
     page.goto(lab.url(f"/formgrader/manage_submissions/{LAB_NAME}"))
     row = page.locator("tr", has=page.locator(".student-id", has_text=STUDENT))
     row.wait_for()
     assert row.locator(".status").inner_text().strip() == "graded", row.inner_text()
     assert row.locator(".score").inner_text().strip() == "12 / 12", row.inner_text()
+    # the time it was turned in (the upload's, recorded by camp grade in collected/) and a name
+    uploaded = (workspace / "collected" / STUDENT / LAB_NAME / "timestamp.txt").read_text()[:19]
+    assert row.locator(".timestamp").inner_text().strip().startswith(uploaded), (uploaded, row.inner_text())
+    assert "None" not in row.locator(".student-name").inner_text(), row.inner_text()
     # manual grading opens the autograded notebook (autograded/<student>/<lab>/ in the workspace)
     page.goto(lab.url(f"/formgrader/gradebook/{LAB_NAME}/{LAB_NAME}"))
-    page.locator("a", has_text="Submission #1").first.click()
+    with page.expect_response(lambda r: "jupyter_server_mathjax/MathJax.js" in r.url) as mathjax:
+        page.locator("a", has_text="Submission #1").first.click()
+    assert mathjax.value.status == 200 and mathjax.value.url.startswith(lab.base), mathjax.value.url
     page.locator("text=camp grade:").first.wait_for()
     assert "not found" not in page.title().lower(), page.title()
+    page.wait_for_function("() => window.MathJax && window.MathJax.Hub", timeout=30_000)

@@ -2,6 +2,7 @@
 the repository's nbgrader_config.py configures it (instructor_config), and the exchange works
 (release -> submit -> collect). The grader itself is not run here (tests/browser and
 tests/autograder/grading do): results are made from the lab's own test list."""
+import datetime
 import os
 import shutil
 import stat
@@ -13,15 +14,18 @@ from autograder.catalog import Catalog, repo_root
 from autograder.course.labspec import LabSpec
 from autograder.course.nbgrader_setup import (
     COURSE_ID,
+    SUBMITTED,
     instructor_config,
     nbgrader_api,
     nbgrader_config,
     prepare_instructor_folders,
+    submission_folder,
 )
 from autograder.course.reference import student_notebook, write_submission
 from autograder.grading.results import SubmissionResult
 from autograder.grading.results import TestOutcome as Outcome
 from autograder.grading.uploads import copy_plain_files
+from autograder.grading.uploads.turned_in import record_turned_in
 from autograder.reports.formgrader import (
     MISSING_SOLUTION,
     autograded_notebook,
@@ -44,11 +48,14 @@ def workspace(tmp_path, monkeypatch):
     return ws, exchange
 
 
-def _publish(ws, student, nb, lost=()):
-    """What camp grade's _publish does for a graded submission: `lost` tests score 0."""
+def _publish(ws, student, nb, lost=(), uploads=None):
+    """What camp grade does for a graded submission (its copy in collected/ with the time it was
+    turned in, then gradebook and Formgrader): `lost` tests score 0. `uploads`: the submissions
+    folder the notebook came from (its file times), default the workspace's own collected/."""
     spec = LabSpec.from_notebook(ws / "source" / LAB.name / LAB.notebook)
     if nb is not None:
-        write_submission(ws / "submitted", student, LAB.id, nb)
+        write_submission(ws / SUBMITTED, student, LAB.id, nb)
+    record_turned_in(submission_folder(ws, student, LAB.name), uploads or ws / SUBMITTED, student, (LAB.name,))
     tests = [Outcome(t.grade_id, t.points, 0.0 if t.grade_id in lost else t.points,
                          "wrong" if t.grade_id in lost else "") for t in spec.tests]
     result = SubmissionResult(student, LAB.id, "graded", sum(t.score for t in tests), spec.max_score, tests)
@@ -148,16 +155,49 @@ def test_exchange_release_submit_collect_then_graded(workspace, tmp_path):
     assert (ws / "collected" / student / LAB.name / "timestamp.txt").is_file()
     listed = {s["student"]: s for s in _instructor_api().get_submissions(LAB.name)}
     assert listed[student]["autograded"] is False          # collected, not graded yet
-    copy_plain_files(ws / "collected" / student / LAB.name, ws / "submitted" / student / LAB.name)
     _publish(ws, student, None)                             # camp grade of what was collected
     listed = {s["student"]: s for s in _instructor_api().get_submissions(LAB.name)}
     assert listed[student]["autograded"] is True and listed[student]["timestamp"], listed[student]
 
 
-def test_an_unreadable_timestamp_is_dropped_not_fatal(workspace):
+def test_an_unreadable_timestamp_is_replaced_by_the_uploads_time(workspace):
     ws, _ = workspace
-    write_submission(ws / "submitted", "eve", "b01", student_notebook("b01"))
-    (ws / "submitted" / "eve" / LAB.name / "timestamp.txt").write_text("not a time")
+    nb = write_submission(ws / SUBMITTED, "eve", "b01", student_notebook("b01"))
+    os.utime(nb, (1_700_000_000, 1_700_000_000))
+    (nb.parent / "timestamp.txt").write_text("not a time \x1b[2J" + "9" * 500)
     _publish(ws, "eve", None)
-    assert not (ws / "submitted" / "eve" / LAB.name / "timestamp.txt").exists()
-    assert {s["student"]: s["autograded"] for s in _instructor_api().get_submissions(LAB.name)} == {"eve": True}
+    listed = {s["student"]: s for s in _instructor_api().get_submissions(LAB.name)}
+    assert listed["eve"]["autograded"] is True
+    assert listed["eve"]["timestamp"] == datetime.datetime(2023, 11, 14, 22, 13, 20).isoformat(), listed["eve"]
+
+
+def test_formgrader_counts_dates_and_names_what_camp_grade_graded(workspace, tmp_path):
+    """The same numbers as `camp grade`: one submission per graded student, each with the time it
+    was turned in (nbgrader's timestamp.txt, else the upload's file time) and a name that is
+    not "None, None"; a name set in Formgrader survives a regrade."""
+    ws, _ = workspace
+    uploads = tmp_path / "uploads"
+    ada = write_submission(uploads, "ada", "b01", student_notebook("b01"))
+    os.utime(ada, (1_750_000_000, 1_750_000_000))                    # a zip or folder from elsewhere
+    bob = write_submission(uploads, "bob", "b01", student_notebook("b01"))
+    (bob.parent / "timestamp.txt").write_text("2026-01-02 03:04:05.000006 UTC")   # nbgrader submit's
+    for student in ("ada", "bob"):
+        copy_plain_files(uploads / student / LAB.name, submission_folder(ws, student, LAB.name))
+        _publish(ws, student, None, uploads=uploads)
+    api = _instructor_api()
+    assert api.get_assignment(LAB.name)["num_submissions"] == 2
+    subs = {s["student"]: s for s in api.get_submissions(LAB.name)}
+    assert subs["ada"]["timestamp"] == datetime.datetime.fromtimestamp(
+        1_750_000_000, datetime.timezone.utc).replace(tzinfo=None).isoformat()
+    assert subs["bob"]["timestamp"] == "2026-01-02T03:04:05.000006"
+    for student in ("ada", "bob"):
+        s = subs[student]
+        assert s["autograded"] and s["display_timestamp"] and (s["first_name"], s["last_name"]) == ("", student), s
+    students = {s["id"]: s for s in api.get_students()}
+    assert None not in (students["ada"]["first_name"], students["ada"]["last_name"])
+    from nbgrader.api import Gradebook
+    with Gradebook(instructor_config(ROOT).CourseDirectory.db_url, COURSE_ID) as gb:
+        gb.update_or_create_student("ada", first_name="Ada", last_name="Lovelace")
+    _publish(ws, "ada", None, uploads=uploads)
+    assert {s["student"]: (s["first_name"], s["last_name"]) for s in api.get_submissions(LAB.name)}["ada"] == \
+        ("Ada", "Lovelace")
