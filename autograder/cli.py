@@ -141,7 +141,10 @@ def cmd_check(args, catalog: Catalog, root: Path) -> int:
     for p in problems:
         print(f"NOTE  {p}")
     for r in results:
-        print(f"{'PASS' if r.passed else 'FAIL'}  {r.grade_id} ({r.points:g} pts){'  ' + r.message if r.message else ''}")
+        first, *rest = r.message.splitlines() or [""]
+        print(f"{'PASS' if r.passed else 'FAIL'}  {r.grade_id} ({r.points:g} pts){'  ' + inert(first) if first else ''}")
+        for line in rest:   # where: the student's cell and line (autograder.tracebacks)
+            print(f"      {inert(line)}")
     earned = sum(r.points for r in results if r.passed)
     total = sum(r.points for r in results)
     print(f"\nvisible tests: {sum(r.passed for r in results)}/{len(results)} cells passed, {earned:g}/{total:g} points"
