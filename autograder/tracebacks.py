@@ -89,7 +89,7 @@ def where(frames: Iterable[traceback.FrameSummary], cell_of: Callable[[str], Cel
         else:
             head = f"  {_short_path(f.filename)}, line {f.lineno}, in {f.name}"
         entries.append(head + (f"\n      {_clip(f.line)}" if f.line else ""))
-    if folded:
+    if folded and entries:   # only course frames: nothing of the student's to point at
         entries.append(f"  … {folded} frame{'s' if folded > 1 else ''} in the course's code (autograder, camplib.dist)")
     if len(entries) > MAX_FRAMES:
         cut = len(entries) - MAX_FRAMES + 1
@@ -117,7 +117,8 @@ def error_line(exc: BaseException, frames: list[traceback.FrameSummary] | None =
     todo = unfinished(exc, frames or [], cell_of) if cell_of else ""
     if todo:
         return f"NotImplementedError: {todo}"
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def describe(exc: BaseException, cell_of: Callable[[str], Cell | None]) -> str:
@@ -137,10 +138,11 @@ def notebook_cells(cells: list, label: Callable[[int], str] = cell_label) -> lis
     for i, cell in enumerate(cells):
         source = cell.get("source", "")
         source = "".join(source) if isinstance(source, list) else str(source)
-        if cell.get("cell_type") == "markdown":
-            titles = _EXERCISE.findall(source)
+        if cell.get("cell_type") == "markdown":   # short heading lines only: the text may be a student's
+            titles = [m.group(1) for line in source.splitlines() if line.startswith("#") and len(line) <= 200
+                      for m in [_EXERCISE.match(line)] if m]
             if titles:
-                exercise = titles[-1][0].strip()
+                exercise = titles[-1].strip()
                 exercise = exercise[:1].lower() + exercise[1:]
         meta = cell.get("metadata", {}) if isinstance(cell.get("metadata"), dict) else {}
         nbg = meta.get("nbgrader", {}) if isinstance(meta.get("nbgrader"), dict) else {}
