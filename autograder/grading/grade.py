@@ -330,7 +330,8 @@ def _publish(out: Path, lab: Lab, result: SubmissionResult, caps: GradingCaps) -
     record(out / "gradebook.db", lab.name, Path(lab.notebook).stem, result)
     publish_for_formgrader(out, lab, result)
     html = out / "feedback" / result.student / lab.name / lab.notebook.replace(".ipynb", ".html")
-    write_feedback_html(spec, result, out / "submitted" / result.student / lab.name / lab.notebook, html, caps)
+    write_feedback_html(spec, result, out / "submitted" / result.student / lab.name / lab.notebook, html, caps,
+                        feedback_root=out / "feedback")
     failed = [t for t in result.tests if t.message]
     message = result.message or (result.cell_errors[0] if result.cell_errors and result.score == 0 else "")
     if not message and failed:
