@@ -18,6 +18,7 @@ CONFIG_FILE = "camp-config.js"
 COMBINED = "TeX-AMS-MML_HTMLorMML-full"    # the one combined configuration the package ships
 CONFIG_JS = """window.MathJax = {
   messageStyle: "none",
+  extensions: ["Safe.js"],   // students' TeX: no javascript: links, styles or classes
   showMathMenu: false,
   tex2jax: {inlineMath: [["\\\\(", "\\\\)"]], displayMath: [["\\\\[", "\\\\]"]], processEscapes: false,
             ignoreClass: "camp-page", processClass: "camp-math"},

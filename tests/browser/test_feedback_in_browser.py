@@ -18,7 +18,11 @@ def test_feedback_typesets_formulas_offline_and_scores_do_not_wrap(browser_page,
     tests = [Outcome(t.grade_id, t.points, t.points, "") for t in spec.tests]
     result = SubmissionResult("ada", "b01", "graded", score=12, max_score=12, tests=tests)
     nb = tmp_path / "b01_attention.ipynb"
-    nbformat.write(student_notebook("b01"), nb)
+    student = student_notebook("b01")
+    student.cells.insert(1, nbformat.v4.new_markdown_cell(   # a student's TeX trying links, styles, loads
+        r"$\href{javascript:alert(1)}{x}$ and $\style{background:url(https://evil.example/x.png)}{y}$"
+        r" and $\class{camp-page}{z}$"))
+    nbformat.write(student, nb)
     root = tmp_path / "feedback"
     page_path = root / "ada" / "b01_attention" / "b01_attention.html"
     write_feedback_html(spec, result, nb, page_path, feedback_root=root)
@@ -42,6 +46,7 @@ def test_feedback_typesets_formulas_offline_and_scores_do_not_wrap(browser_page,
     raw = browser_page.evaluate("[...document.querySelectorAll('span.camp-math')].map(s => s.innerText)"
                                 ".filter(t => t.includes('\\\\(') || t.includes('$'))")
     assert raw == [], raw
+    assert browser_page.evaluate("document.querySelectorAll('[href^=\"javascript\"]').length") == 0
     assert all(u.startswith("file://") or u == "about:blank" for u in requests), \
         [u for u in requests if not u.startswith("file://")]
     # MathJax probes for a web font with an about:blank URL, which the policy refuses: nothing else
