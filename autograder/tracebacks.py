@@ -75,14 +75,24 @@ def where(frames: Iterable[traceback.FrameSummary], cell_of: Callable[[str], Cel
         frames = frames[first:]
     entries: list[str] = []
     folded = 0
-    for f in frames:
+    last_cell = max((i for i, f in enumerate(frames) if cell_of(f.filename)), default=-1)
+    plumbing: list[str] = []   # library frames between two of the student's (nn.Module.__call__...)
+    for i, f in enumerate(frames):
         cell = cell_of(f.filename)
         if cell is None and _folded(f.filename):
             folded += 1
             continue
+        if cell is None and i < last_cell:
+            short = _short_path(f.filename)
+            plumbing.append(short.split("/", 1)[0] or os.path.basename(short))
+            continue
         if folded:
             entries.append(f"  … {folded} frame{'s' if folded > 1 else ''} in the course's code (autograder, camplib.dist)")
             folded = 0
+        if plumbing:
+            entries.append(f"  … {len(plumbing)} frame{'s' if len(plumbing) > 1 else ''} in "
+                           + ", ".join(dict.fromkeys(plumbing)))
+            plumbing = []
         if cell is not None:
             head = f"  {cell.label}, line {f.lineno}" + (f" (test {cell.test})" if cell.test else "")
             head += "" if f.name == "<module>" else f", in {f.name}"

@@ -40,6 +40,20 @@ def test_where_starts_at_the_students_cell_and_folds_the_course():
     assert "ipython-input" not in text and "ipykernel" not in text and "interactiveshell" not in text
 
 
+def test_library_plumbing_between_two_student_frames_is_folded():
+    """nn.Module.__call__ between the test's `mha(x)` and the student's `forward`: one line; a
+    library frame where the error happened (after the student's last frame) stays."""
+    module = "/env/lib/python3.11/site-packages/torch/nn/modules/module.py"
+    frames = [frame("<ipython-input-3-abc>", 30, "<module>", "y = mha(x)"),
+              frame(module, 1778, "_wrapped_call_impl"), frame(module, 1789, "_call_impl"),
+              frame("/tmp/ipykernel_1/123.py", 19, "forward", "return F.linear(x, w)"),
+              frame(TORCH, 50, "linear", "return torch._C._nn.linear(x, w)")]
+    lines = where(frames, CELLS.get)
+    assert lines[1] == "  … 2 frames in torch", lines
+    assert lines[2].startswith("  cell 8, line 19, in forward") and lines[3].startswith("  torch/nn/functional.py")
+    assert len(lines) == 4
+
+
 def test_only_course_frames_say_nothing_and_deep_recursion_is_cut():
     assert where([frame(CHECKS, 1, "check_close")], CELLS.get) == []
     deep = [frame("/tmp/ipykernel_1/123.py", 7, "softmax", "return softmax(x)")] * 50
