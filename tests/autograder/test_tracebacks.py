@@ -125,3 +125,32 @@ def test_install_is_a_no_op_outside_a_kernel():
 @pytest.mark.parametrize("text", ["\x1b[0;31mValueError\x1b[0m: x", "ValueError: x"])
 def test_strip_ansi(text):
     assert tracebacks.strip_ansi(text) == "ValueError: x"
+
+
+@pytest.mark.slow
+def test_nbgraders_validate_leads_with_the_error_and_the_students_line(tmp_path):
+    """Validate (the lab's Nbgrader > Validate button) shows, for each failed cell, its source and
+    then the kernel's traceback: the course makes that traceback short, starting with the error,
+    then the student's cell and line (installed by the setup cell's `import autograder.checks`)."""
+    from nbgrader.validator import Validator
+    from traitlets.config import Config
+
+    from autograder.course.reference import student_notebook
+
+    broken = ("def softmax(x, dim=-1):\n"
+              "    e = (x - x.amax(dim=dim, keepdim=True)).exp()\n"
+              "    return e / e.sum(dim=dimension, keepdim=True)\n")   # line 3: NameError
+    nb = student_notebook("b01", {"softmax": broken})
+    cell = 1 + next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "softmax")
+    path = tmp_path / "b01_attention.ipynb"
+    nbformat.write(nb, path)
+    config = Config()
+    config.Execute.timeout = 300
+    failed = Validator(config=config).validate(str(path))["failed"]
+    errors = [f["raw_error"] for f in failed]
+    assert len(errors) == 3, errors          # softmax, and sdpa and mha built on it
+    for error in errors:
+        assert error.splitlines()[0] == "NameError: name 'dimension' is not defined", error
+        assert f"cell {cell}, line 3, in softmax" in error and "Traceback (most recent" not in error
+        assert "ipykernel_" not in error and "ipython-input" not in error and "\x1b[" not in error
+        assert len(error.splitlines()) <= 2 * tracebacks.MAX_FRAMES + 1
