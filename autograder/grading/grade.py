@@ -333,7 +333,8 @@ def _publish(out: Path, lab: Lab, result: SubmissionResult, caps: GradingCaps) -
     write_feedback_html(spec, result, out / "submitted" / result.student / lab.name / lab.notebook, html, caps,
                         feedback_root=out / "feedback")
     failed = [t for t in result.tests if t.message]
-    message = result.message or (result.cell_errors[0] if result.cell_errors and result.score == 0 else "")
+    message = result.message or (result.cell_errors[0].splitlines()[0]   # the error; where: in the feedback
+                                 if result.cell_errors and result.score == 0 else "")
     if not message and failed:
         message = "failed: " + ", ".join(t.grade_id for t in failed)
     status = GRADER_ERROR if result.retry else result.status
