@@ -38,3 +38,10 @@ def test_a_lab_not_released_yet_is_refused(tmp_path):
     with pytest.raises(StartError, match="not released"):
         start_lab(lab, empty, tmp_path / "work")
     assert not (tmp_path / "work").exists()
+
+
+def test_nbgraders_fetch_lands_in_the_same_personal_folder():
+    """The lab's Assignments tab (nbgrader fetch) copies a released lab where `camp start` does."""
+    from autograder.course.nbgrader_setup import instructor_config
+
+    assert instructor_config(ROOT).Exchange.assignment_dir == str(ROOT / WORK_DIR)
