@@ -66,10 +66,24 @@ def run_visible_tests(path: Path, timeout: int = 120) -> list[TestResult]:
             client.execute(stderr=log, stdout=log)
         except Exception as exc:   # the kernel died or a cell timed out: report what ran
             log.seek(0)
-            tail = log.read()[-1500:].strip()
-            died = f"the notebook stopped: {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
-            return _results(nb, died + (f"\nkernel log:\n{tail}" if tail else ""))
+            return _results(nb, stopped_reason(nb, exc, log.read()))
     return _results(nb)
+
+
+def stopped_reason(nb, exc: Exception, log: str) -> str:
+    """'not run: the kernel died while running cell 12 (DeadKernelError)', with the last lines the
+    kernel wrote (its TCP-encryption warning left out: that is not the student's business)."""
+    from ..tracebacks import cell_label
+
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    done = [i for i in code if nb.cells[i].get("execution_count") is not None]
+    # the cell that stopped it: the first code cell after the last one that finished
+    stopped = next((i for i in code if not done or i > done[-1]), None)
+    where = f" while running {cell_label(stopped - 1)}" if stopped else ""   # -1: the preamble cell
+    what = "timed out" if "Timeout" in type(exc).__name__ else "died"
+    lines = [line for line in log.splitlines() if line.strip() and "without encryption" not in line][-3:]
+    return f"not run: the notebook's kernel {what}{where} ({type(exc).__name__})" + \
+        ("".join(f"\n  {line[:200]}" for line in lines))
 
 
 def _results(nb, stopped: str = "") -> list[TestResult]:

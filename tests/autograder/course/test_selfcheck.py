@@ -105,3 +105,19 @@ def test_self_check_points_at_the_students_cell_and_line_and_is_quiet(tmp_path, 
     assert "NotImplementedError: exercise 2 — causal and padding masks is not written yet" in out, out
     for noise in ("TCP", "KeyboardInterrupt", "ipython-input", "ipykernel_", "Traceback (most recent", "\x1b["):
         assert noise not in out + err, (noise, out, err)
+
+
+def test_a_dead_kernel_names_the_cell_that_stopped_it_without_the_kernels_tcp_warning():
+    from autograder.course.selfcheck import stopped_reason
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("install()", execution_count=1),      # camp check's preamble
+                nbformat.v4.new_markdown_cell("# title"),
+                nbformat.v4.new_code_cell("import torch", execution_count=2),   # notebook cell 2
+                nbformat.v4.new_code_cell("import os; os._exit(3)"),            # cell 3: never replied
+                nbformat.v4.new_code_cell("x = 1")]
+    log = ("[IPKernelApp] WARNING | Kernel is running over TCP without encryption. All communication ...\n"
+           "Fatal Python error: Segmentation fault\n")
+    reason = stopped_reason(nb, RuntimeError("Kernel died"), log)
+    assert reason.splitlines() == ["not run: the notebook's kernel died while running cell 3 (RuntimeError)",
+                                   "  Fatal Python error: Segmentation fault"]
