@@ -230,6 +230,10 @@ def install(shell=None, notebook: str | None = None) -> bool:
     cells = _KernelCells(shell, notebook)
 
     def handler(self, etype, value, tb, tb_offset=None):
+        import sys
+        sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb   # %debug still works
+        if hasattr(sys, "last_exc"):
+            sys.last_exc = value
         try:
             stb = describe(value, cells).splitlines()
         except Exception:   # noqa: BLE001 - our formatting must never cost the student the error

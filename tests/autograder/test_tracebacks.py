@@ -114,6 +114,8 @@ def test_install_makes_an_ipython_shell_point_at_the_cell(capsys):
         assert out.splitlines()[0] == "TypeError: unsupported operand type(s) for +: 'int' and 'str'"
         assert "cell In [" in out and "line 2, in f" in out
         assert "ipython-input" not in out and "Traceback (most recent call last)" not in out
+        import sys
+        assert sys.last_value is result.error_in_exec                      # %debug finds it
     finally:
         shell.set_custom_exc((), None)
 
