@@ -9,8 +9,11 @@ Where things live (one role per folder):
 | `checks.py`     | what lab test cells call: `check_close`, `forward_backward`, `make` ...      |
 | `text.py`       | plain-text tables and making untrusted text inert (terminal, CSV, HTML)      |
 | `dependency_logs.py` | where dependencies log (bitsandbytes): the course log, never stderr |
+| `tracebacks.py` | what a student sees of an exception: "cell 8, line 3", course frames folded  |
+|                 | (camp check, Validate via `checks`, and the grader's student process)        |
 | `course/`       | authoring: `release` (camp build), `execute` (camp run, papermill),          |
-|                 | `selfcheck` (camp check), `labspec` (a lab read from its source notebook),   |
+|                 | `selfcheck` (camp check), `start` (camp start: a student's own copy),        |
+|                 | `labspec` (a lab read from its source notebook),                             |
 |                 | `reference` (reference submissions), `nbgrader_setup`                       |
 | `grading/`      | the trusted side of camp grade: `grade` (a class), `worker` (one submission  |
 |                 | in a pool process), `engine` (cells and tests), `program` (which cells run), |
@@ -23,7 +26,7 @@ Where things live (one role per folder):
 |                 | first program inside it), `student_process` (runs the student's cells)       |
 | `reports/`      | what people read: `feedback` (per student), `class_report` (report.html),    |
 |                 | `gradebook` (nbgrader's sqlite), `formgrader` (autograded/ for Formgrader),  |
-|                 | `grades_csv` (grades.csv)                                                    |
+|                 | `grades_csv` (grades.csv), `mathjax` (the local MathJax copy pages load)     |
 """
 import sys as _sys
 

@@ -231,3 +231,10 @@ def make(path: str, *args: Any, **kwargs: Any):
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)(*args, **kwargs)
 
+
+
+# In a Jupyter kernel (the lab, `camp check`, nbgrader's Validate) errors start at the student's
+# cell and line, with these checks folded (autograder.tracebacks); elsewhere this does nothing.
+from .tracebacks import install as _install_tracebacks  # noqa: E402
+
+_install_tracebacks()

@@ -4,6 +4,7 @@
   camp build [LAB ...] [--check]     release labs/ from solutions/ (nbgrader)
   camp run [LAB ...] [--profile ci|gpu] [-p NAME VALUE ...] [--out DIR]
   camp grade SUBMISSIONS_DIR [--lab LAB] [--out DIR] [--jobs N] [--isolation auto|bwrap|none]
+  camp start LAB                     a student's own copy of a lab, in work/<lab>/
   camp check NOTEBOOK                a student's self-check
   camp serve CHECKPOINT [...]        p03's OpenAI-compatible server (= python -m camplib.serving)
 """
@@ -141,7 +142,10 @@ def cmd_check(args, catalog: Catalog, root: Path) -> int:
     for p in problems:
         print(f"NOTE  {p}")
     for r in results:
-        print(f"{'PASS' if r.passed else 'FAIL'}  {r.grade_id} ({r.points:g} pts){'  ' + r.message if r.message else ''}")
+        first, *rest = r.message.splitlines() or [""]
+        print(f"{'PASS' if r.passed else 'FAIL'}  {r.grade_id} ({r.points:g} pts){'  ' + inert(first) if first else ''}")
+        for line in rest:   # where: the student's cell and line (autograder.tracebacks)
+            print(f"      {inert(line)}")
     earned = sum(r.points for r in results if r.passed)
     total = sum(r.points for r in results)
     print(f"\nvisible tests: {sum(r.passed for r in results)}/{len(results)} cells passed, {earned:g}/{total:g} points"
@@ -149,6 +153,22 @@ def cmd_check(args, catalog: Catalog, root: Path) -> int:
     from .course.selfcheck import NOT_CHECKED
     print(f"NOTE  {NOT_CHECKED}")
     return 0 if results and all(r.passed for r in results) and not problems else 1
+
+
+def cmd_start(args, catalog: Catalog, root: Path) -> int:
+    from .course.start import StartError, start_lab
+
+    lab = catalog.get(args.lab)
+    try:
+        notebook = start_lab(lab, root, Path(args.into).resolve() if args.into else None)
+    except StartError as exc:
+        print(f"camp start: {exc}", file=sys.stderr)
+        return 1
+    shown = notebook.relative_to(root) if notebook.is_relative_to(root) else notebook
+    print(f"your copy of {lab.id}: {shown}\n"
+          f"work there (camp build and git pull never touch it), then check it with:\n"
+          f"  .venv/bin/camp check {shown}")
+    return 0
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -178,6 +198,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--regrade", action="store_true", help="grade again even where a result is already recorded")
     p.add_argument("--seed", type=int, default=None,
                    help="seed for the hidden cases (default: a fresh one per run; recorded in each result)")
+    p = sub.add_parser("start", help="copy a released lab into work/<lab>/, your own copy to work in")
+    p.add_argument("lab", metavar="LAB", help="lab id or name (b01, b01_attention)")
+    p.add_argument("--into", metavar="DIR", help="folder for your copies (default work/ in the repository)")
     p = sub.add_parser("check", help="self-check a notebook: structure and visible tests")
     p.add_argument("notebook", metavar="NOTEBOOK")
     sub.add_parser("serve", add_help=False, help="serve a checkpoint over an OpenAI-compatible API "
@@ -195,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     root = repo_root()
     try:
         catalog = Catalog.load()
-        handler = {"list": cmd_list, "build": cmd_build, "run": cmd_run, "grade": cmd_grade, "check": cmd_check}
+        handler = {"list": cmd_list, "build": cmd_build, "run": cmd_run, "grade": cmd_grade, "check": cmd_check,
+                   "start": cmd_start}
         return handler[args.command](args, catalog, root)
     except KeyError as exc:  # unknown lab id on the command line
         print(f"camp {args.command}: {exc.args[0]}", file=sys.stderr)

@@ -99,3 +99,34 @@ def pytest_collection_finish(session):
             raise pytest.UsageError("pytest-xdist's --dist loadgroup is not grouping tests with this pytest "
                                     f"{pytest.__version__}: module fixtures would run on every worker "
                                     "(pyproject.toml pins a pytest that works)")
+
+
+def pytest_sessionstart(session):
+    import time
+    session.config._camp_started = time.monotonic()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """After a full run, the README's `make test` claim against what ran (tests/readme_claims.py):
+    a wrong count fails the run under CI; the minutes are a note. Runs in xdist's controller only
+    (the workers see a share of the tests)."""
+    import time
+
+    from tests.readme_claims import compare, full_run, readme_claim
+
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or hasattr(config, "workerinput") or exitstatus not in (0, 1):
+        return
+    if not full_run(list(config.args), config.option.keyword, config.option.markexpr, config.getini("testpaths")):
+        return
+    ran = {r.nodeid for key in ("passed", "failed", "skipped", "xfailed", "xpassed", "error")
+           for r in reporter.stats.get(key, []) if getattr(r, "nodeid", "")}
+    minutes = (time.monotonic() - getattr(config, "_camp_started", time.monotonic())) / 60
+    problem, note = compare(readme_claim(), len(ran), minutes)
+    if problem or note:
+        reporter.ensure_newline()
+    for line in filter(None, (problem, note)):
+        reporter.write_line(f"README CLAIM: {line}", yellow=True, bold=True)
+    if problem and os.environ.get("CI"):
+        session.exitstatus = 1

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from traitlets.config import Config
 
+from .start import WORK_DIR
+
 COURSE_ID = "llm-camp"   # nbgrader's course id: the exchange's folder name and the gradebook's course
 GRADING_ENV = "CAMP_GRADING_DIR"    # where `camp grade` writes and Formgrader reads (default ./grading)
 EXCHANGE_ENV = "CAMP_EXCHANGE_DIR"  # nbgrader's exchange (default ./exchange)
@@ -71,6 +73,9 @@ def instructor_config(root: Path) -> Config:
     c.CourseDirectory.db_url = f"sqlite:///{workspace / 'gradebook.db'}"
     c.Exchange.root = str(exchange_root(root))
     c.ExchangeFactory.list = "autograder.course.exchange_list.ExchangeList"   # logs a listing once, not per page
+    # a fetched assignment lands where `camp start` puts a student's copy: work/<lab>/, git-ignored,
+    # never overwritten by camp build or git pull (and fetch, like camp start, keeps an existing copy)
+    c.Exchange.assignment_dir = str(Path(root) / WORK_DIR)
     c.Execute.timeout = 120
     c.HTMLExporter.sanitize_html = True  # Formgrader renders students' markdown in the instructor's browser
     c.HTMLExporter.extra_template_basedirs = formgrader_template_dirs(root)

@@ -39,26 +39,76 @@ def structure_problems(nb, released) -> list[str]:
     return problems
 
 
+PREAMBLE_ID = "camp-check-tracebacks"
+
+
 def run_visible_tests(path: Path, timeout: int = 120) -> list[TestResult]:
-    """Execute a copy of the notebook (cwd = its folder) and report every graded test cell."""
+    """Execute a copy of the notebook (cwd = its folder) and report every graded test cell.
+    Errors are shown as autograder.tracebacks formats them (cell and line in the student's
+    notebook); the kernel's own log (its TCP warning, a KeyboardInterrupt when it is stopped)
+    goes to a file, shown only if the kernel died."""
+    import tempfile
+
     from nbclient import NotebookClient
 
     from .kernel_client import SlicedWaitKernelManager
 
     put_environment_on_path()
     nb = nbformat.read(path, as_version=4)
+    preamble = nbformat.v4.new_code_cell(
+        f"from autograder.tracebacks import install\ninstall(notebook={str(path.resolve())!r})", id=PREAMBLE_ID)
+    nb.cells.insert(0, preamble)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                            kernel_manager_class=SlicedWaitKernelManager, resources={"metadata": {"path": str(path.parent.resolve())}})
-    client.execute()
+                            kernel_manager_class=SlicedWaitKernelManager,
+                            resources={"metadata": {"path": str(path.parent.resolve())}})
+    with tempfile.TemporaryFile("w+") as log:
+        try:
+            client.execute(stderr=log, stdout=log)
+        except Exception as exc:   # the kernel died or a cell timed out: report what ran
+            log.seek(0)
+            return _results(nb, stopped_reason(nb, exc, log.read()))
+    return _results(nb)
+
+
+def stopped_reason(nb, exc: Exception, log: str) -> str:
+    """'not run: the kernel died while running cell 12 (DeadKernelError)', with the last lines the
+    kernel wrote (its TCP-encryption warning left out: that is not the student's business)."""
+    from ..tracebacks import cell_label
+
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    done = [i for i in code if nb.cells[i].get("execution_count") is not None]
+    # the cell that stopped it: the first code cell after the last one that finished
+    stopped = next((i for i in code if not done or i > done[-1]), None)
+    where = f" while running {cell_label(stopped - 1)}" if stopped else ""   # -1: the preamble cell
+    what = "timed out" if "Timeout" in type(exc).__name__ else "died"
+    lines = [line for line in log.splitlines() if line.strip() and "without encryption" not in line][-3:]
+    return f"not run: the notebook's kernel {what}{where} ({type(exc).__name__})" + \
+        ("".join(f"\n  {line[:200]}" for line in lines))
+
+
+def _results(nb, stopped: str = "") -> list[TestResult]:
     results = []
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
         if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
             continue
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        message = f"{errors[0].get('ename')}: {errors[0].get('evalue')}" if errors else ""
-        results.append(TestResult(meta.get("grade_id", "?"), float(meta.get("points", 0)), not errors, message))
+        ran = cell.get("execution_count") is not None
+        message = error_text(errors[0]) if errors else ("" if ran or not stopped else stopped)
+        results.append(TestResult(meta.get("grade_id", "?"), float(meta.get("points", 0)), ran and not errors, message))
     return results
+
+
+def error_text(output) -> str:
+    """An error output as the student should read it: the kernel's traceback when it is the
+    short one autograder.tracebacks wrote (no colour codes), else 'Type: message'."""
+    from ..tracebacks import strip_ansi
+
+    lines = [strip_ansi(str(x)) for x in output.get("traceback", []) if isinstance(x, str)]
+    text = "\n".join(lines).strip()
+    if text and "Traceback (most recent call last)" not in text and "-----" not in text:
+        return text
+    return f"{output.get('ename')}: {output.get('evalue')}"
 
 
 NOT_CHECKED = ("not checked here: hidden tests and the runtime observer of forbidden calls run only when "

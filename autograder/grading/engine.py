@@ -24,8 +24,9 @@ from pathlib import Path
 import nbformat
 
 from .. import checks
-from ..course.labspec import LabSpec
+from ..course.labspec import HIDDEN, LabSpec
 from ..isolation.sandbox import Sandbox, StudentCrashed
+from ..tracebacks import notebook_cells
 from .forbid import unparsable_cell
 from .observe import canary_plan
 from .program import build_program
@@ -41,31 +42,32 @@ class _Student:
 
     def __init__(self, sandbox: Sandbox, deadline: float):
         self.sandbox, self.deadline = sandbox, deadline
-        self.ran: list[str] = []
+        self.ran: list[tuple[str, str, str]] = []   # (source, its label, its exercise)
         self.session: Session | None = None
 
     def restart(self) -> None:
         self.sandbox.start()
         self.session = Session(self.sandbox, self.deadline)
-        for source in self.ran:
-            self._exec(source)
+        for source, cell, exercise in self.ran:
+            self._exec(source, cell, exercise)
 
-    def _exec(self, source: str):
+    def _exec(self, source: str, cell: str = "", exercise: str = ""):
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise StudentCrashed("the notebook's total time limit was reached")
-        header, _ = self.sandbox.request({"op": "exec", "source": source},
+        header, _ = self.sandbox.request({"op": "exec", "source": source, "cell": cell, "exercise": exercise},
                                          timeout=min(self.sandbox.limits.cell_seconds, left))
         return header.get("value")
 
-    def run_cell(self, source: str) -> str | None:
-        """Run a cell; its error message (None if it ran). A crash or timeout skips the cell."""
+    def run_cell(self, source: str, cell: str = "", exercise: str = "") -> str | None:
+        """Run a cell; its error message (None if it ran). A crash or timeout skips the cell.
+        `cell` and `exercise` name it in tracebacks ("cell 8, line 3")."""
         try:
-            error = self._exec(source)
+            error = self._exec(source, cell, exercise)
         except StudentCrashed as exc:
             self.restart()
             return f"{exc} (the cell was skipped)"
-        self.ran.append(source)
+        self.ran.append((source, cell, exercise))
         return error
 
 
@@ -107,8 +109,10 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
         sandbox.start()     # before any student code: a failure here is the grader's, retried next run
         student_proc.session = Session(sandbox, student_proc.deadline)
         started = True
+        exercise_of = {c.label: c.exercise for c in notebook_cells(nb.cells)}
         for label, source, _ in program.cells:
-            error = unparsable_cell(source) or student_proc.run_cell(source)
+            cell = label.partition(" (")[0]          # "cell 8 (softmax)" -> "cell 8"
+            error = unparsable_cell(source) or student_proc.run_cell(source, cell, exercise_of.get(cell, ""))
             if error:
                 result.cell_errors.append(f"{label}: {error}"[:MAX_MESSAGE])
         result.cells_seconds = round(time.monotonic() - start, 2)
@@ -164,16 +168,19 @@ def _run_test(test, trusted: dict, spec: LabSpec, student: _Student, banned: str
     ns.update({name: RemoteObject(student.session, name, name) for name in spec.student_names})
     out = io.StringIO()
     message = ""
+    hidden_failed = False
     checks._grading_session = student.session   # `make` builds in the student's process
     try:
         with contextlib.redirect_stdout(out):
             exec(compile(test.source, f"<{test.grade_id}>", "exec"), ns)
-    except StudentError as exc:
-        message = str(exc)
-    except AssertionError as exc:
-        message = str(exc) or "a check failed"
-    except Exception as exc:  # the test tripped over what the student's code returned
-        message = f"{type(exc).__name__}: {exc} ({_where(exc, test.grade_id)})"
+    except Exception as exc:
+        hidden_failed = failed_in_hidden(exc, test)
+        if isinstance(exc, StudentError):
+            message = str(exc)
+        elif isinstance(exc, AssertionError):
+            message = str(exc) or "a check failed"
+        else:  # the test tripped over what the student's code returned
+            message = f"{type(exc).__name__}: {exc} ({_where(exc, test.grade_id)})"
     finally:
         checks._grading_session = None
     hits = set(student.session.forbidden)
@@ -182,7 +189,7 @@ def _run_test(test, trusted: dict, spec: LabSpec, student: _Student, banned: str
         message = f"your code called {', '.join(sorted(hits))}, which this lab forbids" + (f" ({message})" if message else "")
     elif tampered:
         message = tampered + (f" ({message})" if message else "")
-    if message and test.source != test.visible_source:
+    if hidden_failed:   # a random case failed: the seed reproduces it (not said when a visible one did)
         message = message[:MAX_MESSAGE - 60] + f" [this run's hidden cases used seed {trusted.get('seed')}]"
     if student.sandbox.proc is None:  # the test crashed the student's process: fresh one for the next
         student.restart()
@@ -208,6 +215,18 @@ def _observer_failed(student: _Student, plan: list) -> str:
         return ("the grader's forbidden-API observer stopped seeing calls in your process (canary for "
                 f"{', '.join(missing)} missing; tampering?): this test scores 0")
     return ""
+
+
+def failed_in_hidden(exc: BaseException, test) -> bool:
+    """True when the test cell's line that raised lies between its `### BEGIN HIDDEN TESTS` and
+    `### END HIDDEN TESTS` markers: a hidden (random, seeded) case failed, not a visible one."""
+    lines = {f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == f"<{test.grade_id}>"}
+    for block in HIDDEN.finditer(test.source):   # any frame: a hidden case may call a visible helper
+        first = test.source.count("\n", 0, block.start()) + 1
+        last = first + block.group(0).rstrip("\n").count("\n")
+        if any(line is not None and first <= line <= last for line in lines):
+            return True
+    return False
 
 
 def _where(exc: BaseException, grade_id: str) -> str:

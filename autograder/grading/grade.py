@@ -352,7 +352,8 @@ def _publish(out: Path, lab: Lab, result: SubmissionResult, caps: GradingCaps) -
     record(out / "gradebook.db", lab.name, Path(lab.notebook).stem, result)
     publish_for_formgrader(out, lab, result)
     html = out / "feedback" / result.student / lab.name / lab.notebook.replace(".ipynb", ".html")
-    write_feedback_html(spec, result, submission_folder(out, result.student, lab.name) / lab.notebook, html, caps)
+    write_feedback_html(spec, result, submission_folder(out, result.student, lab.name) / lab.notebook, html, caps,
+                        feedback_root=out / "feedback")
     status = GRADER_ERROR if result.retry else result.status
     return GradeRow(result.student, lab.id, result.score, result.max_score, status, lost_points(result),
                     str(html.relative_to(out)))

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..course.labspec import LabSpec
+from ..tracebacks import cell_label
 
 
 class ProgramCell(NamedTuple):
-    label: str              # how feedback names it: "cell 7 (sdpa)"
+    label: str              # how feedback names it: "cell 7 (sdpa)", 1-based (tracebacks.cell_label)
     source: str
     grade_id: str | None    # the nbgrader cell it came from, if any
 
@@ -47,7 +48,7 @@ def build_program(spec: LabSpec, nb) -> Program:
             continue
         if "skip-grading" in cell.metadata.get("tags", []):
             continue
-        label = f"cell {index}" + (f" ({grade_id})" if grade_id else "")
+        label = cell_label(index) + (f" ({grade_id})" if grade_id else "")
         if grade_id in test_ids or (not known and cell.source.strip() in visible_tests):
             if not known:
                 program.notes.append(f"{label} looks like a test cell without its grading metadata: "

@@ -66,13 +66,13 @@ class Session:
         return self.request("make", f"{path}(...)", path=path, args=list(args), kwargs=dict(kwargs))
 
 
-def _last_student_frames(tb, lines: int = 6) -> str:
-    """The end of the student's own traceback (the runner already removed every frame that is not
-    theirs), without the final exception line the message already holds."""
+def _last_student_frames(tb, lines: int = 12) -> str:
+    """Where in their notebook the student's code raised, as their process formatted it
+    (autograder.tracebacks: "cell 8, line 3, in softmax", the course's frames folded), bounded:
+    the innermost `lines` lines. Their own text, shown only to them."""
     if not isinstance(tb, str) or not tb.strip():
         return ""
-    body = tb.rstrip().splitlines()[:-1]
-    return "\n".join(body[-lines:])[:800]
+    return "\n".join(tb.rstrip().splitlines()[-lines:])[-1200:]
 
 
 def _rename(structure, prefix: str):

@@ -35,6 +35,7 @@ class Runner:
         self.shell = InteractiveShell.instance(colors="nocolor")
         self.shell.automagic = False   # `run x.py` is a syntax error, as the grader's scan reads it
         self.ns = self.shell.user_ns
+        self.cells: dict = {}          # IPython's name for a cell's code -> tracebacks.Cell (its label)
 
     # -- values -------------------------------------------------------------------------
     def register(self, obj) -> int:
@@ -61,11 +62,19 @@ class Runner:
 
     # -- operations ---------------------------------------------------------------------
     def op_exec(self, req, tensors):
+        from ..tracebacks import Cell, describe
+        names = set(getattr(self.shell.compile, "_filename_map", {}))
         result = self.shell.run_cell(req["source"], store_history=False, silent=False)
+        cell = Cell(str(req.get("cell") or "a cell"), str(req.get("exercise") or ""))
+        for name in set(getattr(self.shell.compile, "_filename_map", {})) - names:
+            self.cells[name] = cell
         err = result.error_before_exec or result.error_in_exec
         sys.stdout.flush()
         sys.stderr.flush()
-        return {"ok": True, "value": None if err is None else f"{type(err).__name__}: {err}"[:500]}
+        if err is None:
+            return {"ok": True, "value": None}
+        text = describe(err, self.cells.get) if err.__traceback__ is not None else f"{type(err).__name__}: {err}"
+        return {"ok": True, "value": text[:MAX_TRACEBACK]}
 
     def op_getattr(self, req, tensors):
         name = req["name"]
@@ -130,7 +139,8 @@ class Runner:
             else:
                 response = self.observer.run(op, req, tensors)
         except BaseException as exc:  # the student's exception (even SystemExit) is their answer
-            response = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:1000], "traceback": student_traceback(exc),
+            response = {"ok": False, "error": student_error(exc, self.cells)[:1000],
+                        "traceback": student_traceback(exc, self.cells),
                         "error_type": type(exc).__name__ if type(exc).__module__ == "builtins" else ""}
         header, out = response if isinstance(response, tuple) else (response, {})
         header["forbidden"] = sorted(self.observer.hits)
@@ -138,15 +148,19 @@ class Runner:
         return header, out
 
 
-def student_traceback(exc: BaseException) -> str:
-    """The traceback of `exc` with only the student's own frames (no grader, torch or library
-    internals): where in *their* code it went wrong."""
-    from ..grading.observe import _dirs
-    through, course = _dirs()
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith(through + course) and not f.filename.startswith("<frozen")]
-    text = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(exc))
-    return text[-MAX_TRACEBACK:]
+def student_error(exc: BaseException, cells: dict | None = None) -> str:
+    """'Type: message', or the unfinished exercise a bare NotImplementedError stands for."""
+    from ..tracebacks import error_line
+    cells = cells or {}
+    return error_line(exc, traceback.extract_tb(exc.__traceback__), cells.get)
+
+
+def student_traceback(exc: BaseException, cells: dict | None = None) -> str:
+    """Where in the student's notebook `exc` happened, from their first cell on ("cell 8, line 3,
+    in softmax"), the course's frames folded and the grader's own dropped (autograder.tracebacks)."""
+    from ..tracebacks import where
+    cells = cells or {}
+    return "\n".join(where(traceback.extract_tb(exc.__traceback__), cells.get))[-MAX_TRACEBACK:]
 
 
 def main() -> None:

@@ -8,7 +8,9 @@ because they tell the student what to fix.
 Every byte from the submission is inert here: text is escaped, the student's markdown is
 rendered with raw HTML escaped, unsafe link schemes dropped and images shown as their alt text
 (an image would be a network load), and the page carries a Content-Security-Policy that forbids
-any script or remote resource. The page loads nothing: no CDN, no font, no MathJax.
+any remote resource and every script but the local MathJax copy beside the feedback
+(reports/mathjax.py: `script-src 'self'`, no inline script). Formulas (`$...$`, `$$...$$`) are
+typeset by that copy; without it they stay readable TeX. Nothing comes from a CDN.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from ..grading.results import SubmissionResult
 from ..text import html_text, inert
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+CSP_MATHJAX = CSP + "; script-src 'self'; font-src 'self'"   # the local MathJax copy, nothing inline
+MATHJAX_DIR = ".mathjax"   # in the feedback folder: no student id starts with a dot
 _STYLE = """
 body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.45}
 table{border-collapse:collapse;margin:1rem 0}td,th{border:1px solid #ccc;padding:.25rem .6rem;text-align:left;
@@ -29,7 +33,7 @@ vertical-align:top}pre{background:#f6f8fa;padding:.6rem;overflow-x:auto;white-sp
 .score{font-size:1.4rem;font-weight:bold}.pass{color:#1a7f37;font-weight:bold}.fail{color:#cf222e;font-weight:bold}
 .verdict{border-left:4px solid #cf222e;padding-left:.6rem}.verdict.ok{border-color:#1a7f37}
 .stopped{background:#fff4e5;padding:.6rem;border-left:4px solid #d97706}.cell{margin:1rem 0}
-.md{border-left:2px solid #eee;padding-left:.8rem}
+.md{border-left:2px solid #eee;padding-left:.8rem}.points{white-space:nowrap}
 """
 
 
@@ -59,8 +63,8 @@ _MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+?\$", re.S)
 
 def render_markdown(source: str) -> str:
     """Student markdown as safe HTML (no raw tags, scripts, remote images or javascript: links).
-    TeX ($...$, $$...$$) is kept verbatim as code: markdown would eat its backslashes, and
-    rendering it would need MathJax from the network."""
+    TeX ($...$, $$...$$) is kept out of markdown's reach (it would eat the backslashes) and put,
+    escaped, in `<span class='camp-math'>` as \\(...\\) or \\[...\\]: what the local MathJax typesets."""
     math: list[str] = []
 
     def stash(m: re.Match) -> str:
@@ -68,8 +72,15 @@ def render_markdown(source: str) -> str:
         return f"CAMPMATH{len(math) - 1}X"
 
     html = _markdown()(_MATH.sub(stash, inert(source, keep="\n\t")))
-    return re.sub(r"CAMPMATH(\d+)X", lambda m: f"<code class='math'>{html_text(math[int(m.group(1))])}</code>"
-                  if int(m.group(1)) < len(math) else m.group(0), html)
+    return re.sub(r"CAMPMATH(\d+)X", lambda m: _math(math[int(m.group(1))]) if int(m.group(1)) < len(math)
+                  else m.group(0), html)
+
+
+def _math(tex: str) -> str:
+    display = tex.startswith("$$")
+    body = tex[2:-2] if display else tex[1:-1]
+    open_, close = ("\\[", "\\]") if display else ("\\(", "\\)")
+    return f"<span class='camp-math{' display' if display else ''}'>{html_text(open_ + body + close, keep=chr(10))}</span>"
 
 
 def _pre(text: str) -> str:
@@ -93,7 +104,7 @@ def _summary(result: SubmissionResult) -> list[str]:
     parts.append("<table><tr><th>test</th><th>points</th><th>verdict</th><th>message</th></tr>")
     for t in result.tests:
         verdict = "<span class='pass'>PASS</span>" if not t.message else "<span class='fail'>FAIL</span>"
-        parts.append(f"<tr><td>{html_text(t.grade_id)}</td><td>{t.score:g} / {t.points:g}</td><td>{verdict}</td>"
+        parts.append(f"<tr><td>{html_text(t.grade_id)}</td><td class='points'>{t.score:g} / {t.points:g}</td><td>{verdict}</td>"
                      f"<td>{_pre(t.message) if t.message else ''}</td></tr>")
     parts.append("</table>")
     if result.cell_errors:
@@ -105,14 +116,17 @@ def _summary(result: SubmissionResult) -> list[str]:
     return parts
 
 
-def feedback_page(spec: LabSpec, result: SubmissionResult, student_nb) -> str:
-    """The whole page; `student_nb` is the student's notebook (None if it could not be read)."""
+def feedback_page(spec: LabSpec, result: SubmissionResult, student_nb, mathjax: str | None = None) -> str:
+    """The whole page; `student_nb` is the student's notebook (None if it could not be read);
+    `mathjax` the relative URL of the local MathJax folder (None: formulas stay TeX)."""
+    from .mathjax import script_tags
+
     by_id = {t.grade_id: t for t in result.tests}
     visible = {t.grade_id: t.visible_source for t in spec.tests}
     parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
-             f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">",
+             f"<meta http-equiv='Content-Security-Policy' content=\"{CSP_MATHJAX if mathjax else CSP}\">",
              f"<title>Feedback: {html_text(result.lab)} for {html_text(result.student)}</title>",
-             f"<style>{_STYLE}</style></head><body>"]
+             f"<style>{_STYLE}</style>" + (script_tags(mathjax) if mathjax else "") + "</head><body class='camp-page'>"]
     parts += _summary(result)
     parts.append("<h2>Your notebook, with the verdicts</h2>")
     shown: set[str] = set()
@@ -136,12 +150,20 @@ def feedback_page(spec: LabSpec, result: SubmissionResult, student_nb) -> str:
 
 
 def write_feedback_html(spec: LabSpec, result: SubmissionResult, student_notebook: Path, dest: Path,
-                        caps: GradingCaps = GradingCaps()) -> None:
+                        caps: GradingCaps = GradingCaps(), feedback_root: Path | None = None) -> None:
+    """Write the page to `dest`; with `feedback_root` (the folder of every student's feedback),
+    MathJax is installed once in its MATHJAX_DIR and the page typesets its formulas with it."""
+    import os
+
     from ..grading.uploads import read_notebook
+    from .mathjax import install_mathjax
 
     try:
         student_nb = read_notebook(student_notebook, caps)
     except Exception:  # missing, rejected or unreadable: the page says so
         student_nb = None
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(feedback_page(spec, result, student_nb), encoding="utf-8")
+    mathjax = None
+    if feedback_root is not None and install_mathjax(Path(feedback_root) / MATHJAX_DIR) is not None:
+        mathjax = Path(os.path.relpath(Path(feedback_root) / MATHJAX_DIR, dest.parent)).as_posix()
+    dest.write_text(feedback_page(spec, result, student_nb, mathjax), encoding="utf-8")

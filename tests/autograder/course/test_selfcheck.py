@@ -80,3 +80,44 @@ def test_self_check_fails_the_tests_grading_would_zero(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "FAIL  test_sdpa (4 pts)" in out and "FAIL  test_mha (4 pts)" in out and "PASS  test_softmax" in out
     assert "test_sdpa will score 0 when graded" in out and "not checked here" in out and "4/12 points" in out
+
+
+BROKEN_SOFTMAX = ("def softmax(x, dim=-1):\n"
+                  "    shifted = x - x.amax(dim=dim, keepdim=True)\n"
+                  "    e = shifted.exp()\n"
+                  "    return e / e.sum(dim=dimension, keepdim=True)\n")   # line 4: NameError
+
+
+@pytest.mark.slow
+def test_self_check_points_at_the_students_cell_and_line_and_is_quiet(tmp_path, capfd):
+    """A copy of b01 with a broken softmax and the other exercises unfinished: the traceback says
+    "cell N, line 4, in softmax" (N: the softmax cell's place in the notebook), unfinished exercises
+    are named, and neither the kernel's TCP warning nor IPython's long traceback reaches the student."""
+    nb = student_notebook("b01", {"softmax": BROKEN_SOFTMAX}, solve=False)
+    path = tmp_path / "b01_attention.ipynb"
+    nbformat.write(nb, path)
+    cell = 1 + next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "softmax")
+    assert main(["check", str(path)]) == 1
+    out, err = capfd.readouterr()
+    assert "FAIL  test_softmax (2 pts)  NameError: name 'dimension' is not defined" in out, out
+    assert f"cell {cell}, line 4, in softmax" in out, out
+    assert "return e / e.sum(dim=dimension, keepdim=True)" in out
+    assert "NotImplementedError: exercise 2 — causal and padding masks is not written yet" in out, out
+    for noise in ("TCP", "KeyboardInterrupt", "ipython-input", "ipykernel_", "Traceback (most recent", "\x1b["):
+        assert noise not in out + err, (noise, out, err)
+
+
+def test_a_dead_kernel_names_the_cell_that_stopped_it_without_the_kernels_tcp_warning():
+    from autograder.course.selfcheck import stopped_reason
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("install()", execution_count=1),      # camp check's preamble
+                nbformat.v4.new_markdown_cell("# title"),
+                nbformat.v4.new_code_cell("import torch", execution_count=2),   # notebook cell 2
+                nbformat.v4.new_code_cell("import os; os._exit(3)"),            # cell 3: never replied
+                nbformat.v4.new_code_cell("x = 1")]
+    log = ("[IPKernelApp] WARNING | Kernel is running over TCP without encryption. All communication ...\n"
+           "Fatal Python error: Segmentation fault\n")
+    reason = stopped_reason(nb, RuntimeError("Kernel died"), log)
+    assert reason.splitlines() == ["not run: the notebook's kernel died while running cell 3 (RuntimeError)",
+                                   "  Fatal Python error: Segmentation fault"]

@@ -167,3 +167,23 @@ def test_grading_without_a_sandbox_is_explicit(tmp_path, monkeypatch, capsys):
     assert main(["grade", str(subs), "--out", str(tmp_path / "ws"), "--isolation", "none"]) == 0
     with open(tmp_path / "ws" / "grades.csv") as f:
         assert [(r["student"], float(r["score"])) for r in csv.DictReader(f)] == [("ada", 12.0)]
+
+
+@pytest.mark.slow
+def test_messages_point_at_the_students_cell_and_say_the_seed_only_for_hidden_cases(graded):
+    out, _, _ = graded
+    nb = student_notebook(LAB)
+    cell = {c.metadata.get("nbgrader", {}).get("grade_id"): i + 1 for i, c in enumerate(nb.cells)}
+
+    def messages(student):
+        result = json.loads((out / "results" / "b01_attention" / f"{student}.json").read_text())["result"]
+        return {t["grade_id"]: t["message"] for t in result["tests"]}
+
+    blank = messages("blank")
+    assert "NotImplementedError: exercise 2 — causal and padding masks is not written yet" in blank["test_masks"]
+    assert f"cell {cell['masks']}, line" in blank["test_masks"] and "in causal_mask" in blank["test_masks"]
+    assert all("ipython-input" not in m and "seed" not in m for m in blank.values()), blank   # visible cases failed
+    carl = messages("carl")      # the unstable softmax fails a visible case of test_softmax
+    assert carl["test_softmax"] and "hidden cases used seed" not in carl["test_softmax"], carl
+    feedback = (out / "feedback" / "blank" / "b01_attention" / "b01_attention.html").read_text()
+    assert "exercise 1 — a numerically stable softmax is not written yet" in feedback

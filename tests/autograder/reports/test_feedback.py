@@ -63,7 +63,7 @@ def test_points_and_a_pass_fail_table_come_first(spec):
     assert "Score: 8 / 12 points" in top
     for t in spec.tests:
         verdict = "FAIL" if t.grade_id == "test_sdpa" else "PASS"
-        assert re.search(rf"<td>{t.grade_id}</td><td>[\d.]+ / {t.points:g}</td><td><span class='\w+'>{verdict}", top), \
+        assert re.search(rf"<td>{t.grade_id}</td><td class='points'>[\d.]+ / {t.points:g}</td><td><span class='\w+'>{verdict}", top), \
             t.grade_id
     assert "wrong output &lt;b&gt;max diff&lt;/b&gt; 0.5 \\u202e\\x1b[2J" in top
     assert "NameError: &lt;x&gt; \\u2066" in top
@@ -96,5 +96,36 @@ def test_an_unreadable_notebook_still_gets_its_verdicts(spec, tmp_path):
 def test_tex_is_kept_verbatim_not_eaten_by_markdown():
     from autograder.reports.feedback import render_markdown
     html = render_markdown(r"as $\mathrm{softmax}\big(QK^\top/\sqrt{d}\big)\,V$ and $$x_{i} < y_{j}$$")
-    assert r"<code class='math'>$\mathrm{softmax}\big(QK^\top/\sqrt{d}\big)\,V$</code>" in html
-    assert "<code class='math'>$$x_{i} &lt; y_{j}$$</code>" in html
+    assert r"<span class='camp-math'>\(\mathrm{softmax}\big(QK^\top/\sqrt{d}\big)\,V\)</span>" in html
+    assert r"<span class='camp-math display'>\[x_{i} &lt; y_{j}\]</span>" in html
+
+
+def test_formulas_are_typeset_by_the_local_mathjax_only(spec, tmp_path):
+    """With a feedback folder, the page loads MathJax from a copy in it (relative URLs, no scheme,
+    no inline script: the CSP allows 'self' only) and the copy is installed once."""
+    from autograder.reports.feedback import MATHJAX_DIR
+    root = tmp_path / "feedback"
+    dest = root / "ada" / "b01_attention" / "b01_attention.html"
+    nb = tmp_path / "b01_attention.ipynb"
+    nbformat.write(_student_nb(), nb)
+    write_feedback_html(spec, _result(spec), nb, dest, feedback_root=root)
+    page = dest.read_text(encoding="utf-8")
+    scripts = re.findall(r"<script[^>]*>", page)
+    assert scripts == ["<script src='../../.mathjax/camp-config.js'>",
+                       "<script src='../../.mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full'>"], scripts
+    assert re.findall(r"<script[^>]*>(.*?)</script>", page, re.S) == ["", ""]           # nothing inline
+    csp = re.search(r'Content-Security-Policy\' content="([^"]*)"', page).group(1)
+    directives = dict(d.strip().split(" ", 1) for d in csp.split(";"))
+    assert directives["script-src"] == "'self'" and directives["default-src"] == "'none'", directives
+    assert "http" not in csp and "*" not in csp
+    assert (root / MATHJAX_DIR / "MathJax.js").is_file() and (root / MATHJAX_DIR / "camp-config.js").is_file()
+    assert "<span class='camp-math'>" in page                                   # b01's markdown has formulas
+    stamp = (root / MATHJAX_DIR / "MathJax.js").stat().st_mtime_ns
+    write_feedback_html(spec, _result(spec), nb, root / "bob" / "b01_attention" / "b01_attention.html",
+                        feedback_root=root)
+    assert (root / MATHJAX_DIR / "MathJax.js").stat().st_mtime_ns == stamp   # installed once
+
+
+def test_scores_do_not_wrap(spec):
+    page = feedback_page(spec, _result(spec), _student_nb())
+    assert ".points{white-space:nowrap}" in page and "<td class='points'>2 / 2</td>" in page
