@@ -20,6 +20,7 @@ grading (grade.py catches any failure and says so in similarity.html).
 """
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import os
@@ -62,6 +63,8 @@ class Document:
     note: str = ""
     text: str = field(init=False)
     origins: list[tuple[int, str]] = field(init=False)   # (first line of a part, its origin), 1-based
+    compared: str = field(default="", init=False, repr=False)   # the text fingerprinted: blank_template
+    line_map: np.ndarray | None = field(default=None, init=False, repr=False)   # see _line_map
 
     def __post_init__(self):
         chunks, self.origins, line = [], [], 1
@@ -78,6 +81,11 @@ class Document:
     def part(self, line: int) -> int:
         """Index of the part holding document line `line` (1-based)."""
         return max((i for i, (start, _) in enumerate(self.origins) if start <= line), default=0)
+
+    def last_line(self, line: int) -> int:
+        """The last line of the part holding document line `line`."""
+        p = self.part(line)
+        return self.origins[p + 1][0] - 1 if p + 1 < len(self.origins) else self.text.count("\n")
 
     def where(self, first: int, last: int) -> str:
         """"cell 6 (softmax), lines 3-9" for document lines first..last (1-based)."""
@@ -172,11 +180,58 @@ def camplib_files(root: Path, names: list[str]) -> list[Path]:
 
 # ---- comparison -----------------------------------------------------------------------------------
 
-def _fingerprint(doc: Document, boilerplate: np.ndarray):
+def _fingerprint(doc: Document, template: "Template"):
+    """copydetect's fingerprints of the document, the code it shares line for line with the
+    released exercise cells blanked first (`blank_template`)."""
     from copydetect import CodeFingerprint
 
-    return CodeFingerprint(f"{doc.owner}.py", NOISE, 1, boilerplate=boilerplate, language="python",
-                           fp=io.StringIO(doc.text))
+    doc.compared = blank_template(doc.text, template.lines)
+    return CodeFingerprint(f"{doc.owner}.py", NOISE, 1, boilerplate=template.hashes, language="python",
+                           fp=io.StringIO(doc.compared))
+
+
+def blank_template(text: str, lines: frozenset[str]) -> str:
+    """`text` with the tokens of its template lines (stripped, in `lines`) turned into spaces.
+
+    Fingerprints of the template alone miss the runs that start in a given signature or docstring
+    and end in the first tokens of the body, which honest solutions share; blanking the given lines
+    leaves only what the student wrote. A string (a docstring) is blanked only when all its lines
+    are template lines, so that quotes stay paired; positions and line breaks are kept."""
+    from pygments.lexers import PythonLexer
+    from pygments.token import String
+
+    starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n"]
+    given = [line.strip() in lines for line in text.split("\n")]
+    out = list(text)
+    groups: list[list[int]] = []    # [start, end): a token, or a run of string tokens
+    in_string = False
+    for index, ttype, value in PythonLexer().get_tokens_unprocessed(text):
+        is_string = ttype in String
+        if is_string and in_string:
+            groups[-1][1] = index + len(value)
+        else:
+            groups.append([index, index + len(value)])
+        in_string = is_string
+    for start, end in groups:
+        first, last = bisect.bisect_right(starts, start) - 1, bisect.bisect_right(starts, max(start, end - 1)) - 1
+        if all(given[first:last + 1]):
+            for i in range(start, end):
+                if out[i] != "\n":
+                    out[i] = " "
+    return "".join(out)
+
+
+@dataclass
+class Template:
+    """What every student got: the lines of the released exercise cells (stripped), and the
+    fingerprints of the released notebook's code."""
+    lines: frozenset[str]
+    hashes: np.ndarray
+
+    @classmethod
+    def of(cls, code: list[str]) -> "Template":
+        """`code[0]`: a blank submission's document; the rest: every code cell of the release."""
+        return cls(frozenset(line.strip() for line in code[0].splitlines()) - {""}, boilerplate_hashes(code))
 
 
 def boilerplate_hashes(template: list[str]) -> np.ndarray:
@@ -188,58 +243,68 @@ def boilerplate_hashes(template: list[str]) -> np.ndarray:
     return np.unique(np.array(sorted(hashes), dtype=np.int64))
 
 
-def _raw(fp, slices: np.ndarray) -> np.ndarray:
-    """Tokenized positions -> positions in the code as written (copydetect.compare_files's mapping)."""
-    if len(fp.offsets) == 0 or slices.size == 0:
-        return slices
-    return slices + fp.offsets[:, 1][np.clip(np.searchsorted(fp.offsets[:, 0], slices), 0, fp.offsets.shape[0] - 1)]
+def _line_map(doc: Document, fp) -> np.ndarray:
+    """The document line (1-based) of each tokenized position of `fp` (one past the end included).
+
+    Tokenized position p was written at p plus the characters the tokenizer dropped before it
+    (copydetect's offsets, made cumulative again: after a class name it records the name's length
+    instead)."""
+    if doc.line_map is None:
+        positions = np.arange(len(fp.filtered_code) + 1, dtype=np.int64)
+        raw = positions
+        if len(fp.offsets):
+            dropped = np.maximum.accumulate(fp.offsets[:, 1])
+            raw = positions + dropped[np.clip(np.searchsorted(fp.offsets[:, 0], positions), 0, len(dropped) - 1)]
+        newlines = np.flatnonzero(np.frombuffer(doc.text.encode("utf-32-le"), dtype=np.uint32) == 10)
+        doc.line_map = np.searchsorted(newlines, raw, side="left") + 1
+    return doc.line_map
 
 
-def compare(a: Document, fa, b: Document, fb) -> tuple[float, float, int, list[tuple[int, int, int, int]]]:
-    """(share of a found in b, share of b found in a, characters matched, matched line blocks
-    (a's first, a's last, b's first, b's last)), each block of a paired with where it is in b."""
+def compare(fa, fb) -> tuple[float, float, int]:
+    """(share of a's fingerprinted code found in b, share of b's found in a, tokenized characters
+    matched): copydetect's figures."""
     from copydetect import compare_files
-    from copydetect.utils import find_fingerprint_overlap, get_copied_slices
 
     overlap, (sim_a, sim_b), _ = compare_files(fa, fb)
-    if not overlap:
-        return 0.0, 0.0, 0, []
-    ia, ib = find_fingerprint_overlap(fa.hashes, fb.hashes, fa.hash_idx, fb.hash_idx)
-    sa, sb = get_copied_slices(ia, NOISE), get_copied_slices(ib, NOISE)
-    # pair each slice of a with the slice of b sharing most fingerprints with it (a fingerprint
-    # repeated all over a document votes once per slice, for at most `_VOTERS` slices on each side)
-    votes: dict[tuple[int, int], int] = {}
-    for h in fa.hashes & fb.hashes:
-        xs = np.unique(np.searchsorted(sa[0], fa.hash_idx[h], side="right") - 1)[:_VOTERS]
-        ys = np.unique(np.searchsorted(sb[0], fb.hash_idx[h], side="right") - 1)[:_VOTERS]
-        for x in xs.tolist():
-            for y in ys.tolist():
-                votes[(x, y)] = votes.get((x, y), 0) + 1
-    best: dict[int, tuple[int, int]] = {}
-    for (x, y), n in votes.items():
-        if n > best.get(x, (-1, 0))[1]:
-            best[x] = (y, n)
-    ra, rb = _raw(fa, sa.astype(np.int64)), _raw(fb, sb.astype(np.int64))
-    blocks = []
-    for x in sorted(best):
-        y = best[x][0]
-        blocks.append((*_lines(a.text, ra[0, x], ra[1, x]), *_lines(b.text, rb[0, y], rb[1, y])))
-    return float(sim_a), float(sim_b), int(overlap), _merge(blocks, a, b)
+    return float(sim_a), float(sim_b), int(overlap)
 
 
-def _lines(text: str, start: int, end: int) -> tuple[int, int]:
-    start, end = max(0, min(int(start), len(text))), max(0, min(int(end), len(text)))
-    return text.count("\n", 0, start) + 1, text.count("\n", 0, max(start, end - 1)) + 1
+def matched_blocks(a: Document, fa, b: Document, fb) -> list[tuple[int, int, int, int]]:
+    """The matched lines, (a's first, a's last, b's first, b's last) per block.
+
+    The blocks follow the shared fingerprints in a's order, a block going on while the match goes
+    on at the same pace in b, within one cell or file on each side; a fingerprint repeated all
+    over a document is followed at its first `_VOTERS` places only."""
+    pairs = sorted((int(i), h) for h in fa.hashes & fb.hashes for i in fa.hash_idx[h][:_VOTERS])
+    map_a, map_b = _line_map(a, fa), _line_map(b, fb)
+    end_a, end_b = len(map_a) - 1, len(map_b) - 1
+    runs: list[list[int]] = []   # [a line, a last line, b line, b last line, last i, last j]
+    for i, h in pairs:
+        js = np.array(fb.hash_idx[h][:_VOTERS], dtype=np.int64)
+        line, line_end = int(map_a[i]), int(map_a[min(i + NOISE - 1, end_a)])
+        run = runs[-1] if runs else None
+        if run is not None and 0 < i - run[4] <= NOISE and a.part(line) == a.part(run[0]):
+            want = run[5] + (i - run[4])
+            j = int(js[np.argmin(np.abs(js - want))])
+            if abs(j - want) <= NOISE // 2 and b.part(int(map_b[j])) == b.part(run[2]):
+                run[1], run[3] = max(run[1], line_end), max(run[3], int(map_b[min(j + NOISE - 1, end_b)]))
+                run[4], run[5] = i, j
+                continue
+        j = int(js[0])
+        runs.append([line, line_end, int(map_b[j]), int(map_b[min(j + NOISE - 1, end_b)]), i, j])
+    blocks = sorted({(r[0], min(r[1], a.last_line(r[0])), r[2], min(r[3], b.last_line(r[2]))) for r in runs})
+    return _merge(blocks, a, b)
 
 
 def _merge(blocks, a: Document, b: Document, gap: int = 3):
     """Neighbouring blocks (within `gap` lines on both sides, in the same order, in the same cell or
-    file) as one."""
+    file) as one; a block inside the one before it is dropped."""
     merged: list[list[int]] = []
     for a0, a1, b0, b1 in blocks:
-        if merged and a0 - merged[-1][1] <= gap and 0 <= b0 - merged[-1][3] <= gap \
-                and a.part(a0) == a.part(merged[-1][0]) and b.part(b0) == b.part(merged[-1][2]):
-            merged[-1][1], merged[-1][3] = max(a1, merged[-1][1]), max(b1, merged[-1][3])
+        last = merged[-1] if merged else None
+        if last and a0 - last[1] <= gap and -gap <= b0 - last[3] <= gap \
+                and a.part(a0) == a.part(last[0]) and b.part(b0) == b.part(last[2]):
+            last[1], last[3] = max(a1, last[1]), max(b1, last[3])
         else:
             merged.append([a0, a1, b0, b1])
     return [tuple(m) for m in merged]
@@ -253,8 +318,8 @@ def compare_lab(lab: Lab, spec: LabSpec, root: Path, students: list[tuple[str, P
                 deadline: float) -> LabReport:
     """Every submission of one lab against the answer key and against each classmate."""
     report = LabReport(lab)
-    boilerplate = boilerplate_hashes(template_document(spec, lab.release_path(root)))
-    refs = [(d, _fingerprint(d, boilerplate)) for d in reference_documents(lab, root)]
+    template = Template.of(template_document(spec, lab.release_path(root)))
+    refs = [(d, _fingerprint(d, template)) for d in reference_documents(lab, root)]
     report.references = [d.owner for d, _ in refs]
     subs = []
     for student, folder in students:
@@ -264,30 +329,36 @@ def compare_lab(lab: Lab, spec: LabSpec, root: Path, students: list[tuple[str, P
             break
         try:
             doc = student_document(student, folder, spec, caps)
-            subs.append((doc, _fingerprint(doc, boilerplate)))
+            subs.append((doc, _fingerprint(doc, template)))
             report.compared.append(student)
             if doc.note:
                 report.notes.append(f"{student}: {doc.note}")
         except Exception as exc:   # that submission only: it is listed, the others are compared
             report.notes.append(f"{student}: not compared ({type(exc).__name__}: {exc})")
+    _compare_pairs(report, subs, refs, deadline)
+    report.matches.sort(key=lambda m: (-max(m.similarity, m.other_similarity), m.student, m.other))
+    return report
+
+
+def _compare_pairs(report: LabReport, subs, refs, deadline: float) -> None:
     for n, (doc, fp) in enumerate(subs):
         for other, ofp in refs + subs[n + 1:]:
             if time.monotonic() > deadline:
                 report.notes.append(f"time budget ({BUDGET_SECONDS} s) spent: the comparisons of {doc.owner} "
                                     "and of the submissions after it were not all made")
-                return report
+                return
             try:
-                sim, other_sim, overlap, blocks = compare(doc, fp, other, ofp)
+                sim, other_sim, overlap = compare(fp, ofp)
+                if not flagged(sim if other.reference else max(sim, other_sim), overlap):
+                    continue
+                blocks = matched_blocks(doc, fp, other, ofp)
             except Exception as exc:
                 report.notes.append(f"{doc.owner} with {other.owner}: not compared ({type(exc).__name__}: {exc})")
                 continue
-            if flagged(sim if other.reference else max(sim, other_sim), overlap):
-                report.matches.append(Match(
-                    lab.id, doc.owner, other.owner, "reference" if other.reference else "classmate", sim, other_sim,
-                    overlap, [(doc.where(a0, a1), _excerpt(doc, a0, a1), other.where(b0, b1),
-                               _excerpt(other, b0, b1)) for a0, a1, b0, b1 in blocks]))
-    report.matches.sort(key=lambda m: (-max(m.similarity, m.other_similarity), m.student, m.other))
-    return report
+            report.matches.append(Match(
+                report.lab.id, doc.owner, other.owner, "reference" if other.reference else "classmate", sim,
+                other_sim, overlap, [(doc.where(a0, a1), _excerpt(doc, a0, a1), other.where(b0, b1),
+                                      _excerpt(other, b0, b1)) for a0, a1, b0, b1 in blocks]))
 
 
 def _excerpt(doc: Document, first: int, last: int, limit: int = 60) -> str:
@@ -360,7 +431,8 @@ def _html(reports: list[LabReport]) -> str:
              f"tokenized characters. A flag asks you to look at the lines below; no score was changed.</p>"]
     for r in reports:
         parts.append(f"<h2>{html_text(r.lab.id)}</h2><p>{len(r.compared)} submissions compared with each other and "
-                     f"with {html_text(', '.join(r.references) or 'no reference')}; {len(r.matches)} pairs flagged.</p>")
+                     f"with {html_text(', '.join(r.references) or 'no reference')}; {len(r.matches)} "
+                     f"pair{'s' if len(r.matches) != 1 else ''} flagged.</p>")
         parts += [f"<p class='note'>{html_text(n, 400)}</p>" for n in r.notes]
         if r.matches:
             parts.append("<table><tr><th>student</th><th>matches</th><th>kind</th><th>share of the student's code"
