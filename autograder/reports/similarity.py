@@ -87,6 +87,15 @@ class Document:
         p = self.part(line)
         return self.origins[p + 1][0] - 1 if p + 1 < len(self.origins) else self.text.count("\n")
 
+    def trim(self, first: int, last: int) -> tuple[int, int]:
+        """Lines first..last without the blank (or blanked: template) lines at either end."""
+        lines = self.compared.split("\n")
+        while first < last and not lines[first - 1].strip():
+            first += 1
+        while last > first and not lines[last - 1].strip():
+            last -= 1
+        return first, last
+
     def where(self, first: int, last: int) -> str:
         """"cell 6 (softmax), lines 3-9" for document lines first..last (1-based)."""
         (p, q) = self.part(first), self.part(last)
@@ -201,7 +210,7 @@ def blank_template(text: str, lines: frozenset[str]) -> str:
     from pygments.token import String
 
     starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n"]
-    given = [line.strip() in lines for line in text.split("\n")]
+    given = [not line.strip() or line.strip() in lines for line in text.split("\n")]
     out = list(text)
     groups: list[list[int]] = []    # [start, end): a token, or a run of string tokens
     in_string = False
@@ -292,8 +301,9 @@ def matched_blocks(a: Document, fa, b: Document, fb) -> list[tuple[int, int, int
                 continue
         j = int(js[0])
         runs.append([line, line_end, int(map_b[j]), int(map_b[min(j + NOISE - 1, end_b)]), i, j])
-    blocks = sorted({(r[0], min(r[1], a.last_line(r[0])), r[2], min(r[3], b.last_line(r[2]))) for r in runs})
-    return _merge(blocks, a, b)
+    blocks = {(*a.trim(r[0], min(r[1], a.last_line(r[0]))), *b.trim(r[2], min(r[3], b.last_line(r[2]))))
+              for r in runs}
+    return _merge(sorted(blocks), a, b)
 
 
 def _merge(blocks, a: Document, b: Document, gap: int = 3):
