@@ -45,6 +45,7 @@ THRESHOLD = 0.5        # share of one side's fingerprinted code found in the oth
 MIN_OVERLAP = 150      # tokenized characters a flagged match covers at least (about 8 lines of code)
 MAX_CHARS = 100_000    # of one document's code: a huge upload is compared on its first part
 MAX_REFERENCE_FILES = 40
+MAX_SHOWN = 60        # flagged pairs of a lab shown side by side (all are listed)
 BUDGET_SECONDS = 600   # for the whole report: comparisons left when it is spent are listed as skipped
 _VOTERS = 8
 _CAMPLIB = re.compile(r"\bcamplib(?:\.\w+)+")
@@ -345,30 +346,40 @@ def compare_lab(lab: Lab, spec: LabSpec, root: Path, students: list[tuple[str, P
                 report.notes.append(f"{student}: {doc.note}")
         except Exception as exc:   # that submission only: it is listed, the others are compared
             report.notes.append(f"{student}: not compared ({type(exc).__name__}: {exc})")
-    _compare_pairs(report, subs, refs, deadline)
-    report.matches.sort(key=lambda m: (-max(m.similarity, m.other_similarity), m.student, m.other))
+    found = _compare_pairs(report, subs, refs, deadline)
+    found.sort(key=lambda f: (-max(f[4], f[5]), f[0].owner, f[2].owner))
+    for n, (doc, fp, other, ofp, sim, other_sim, overlap) in enumerate(found):
+        blocks = []
+        if n < MAX_SHOWN:   # side by side: the most similar pairs (a class of copies would fill pages)
+            try:
+                blocks = [(doc.where(a0, a1), _excerpt(doc, a0, a1), other.where(b0, b1), _excerpt(other, b0, b1))
+                          for a0, a1, b0, b1 in matched_blocks(doc, fp, other, ofp)]
+            except Exception as exc:
+                report.notes.append(f"{doc.owner} with {other.owner}: lines not shown ({type(exc).__name__}: {exc})")
+        report.matches.append(Match(lab.id, doc.owner, other.owner, "reference" if other.reference else "classmate",
+                                    sim, other_sim, overlap, blocks))
+    if len(found) > MAX_SHOWN:
+        report.notes.append(f"{len(found)} pairs flagged: the lines of the first {MAX_SHOWN} are shown")
     return report
 
 
-def _compare_pairs(report: LabReport, subs, refs, deadline: float) -> None:
+def _compare_pairs(report: LabReport, subs, refs, deadline: float) -> list[tuple]:
+    """(doc, its fingerprints, other, its fingerprints, shares both ways, overlap) of each flagged pair."""
+    found = []
     for n, (doc, fp) in enumerate(subs):
         for other, ofp in refs + subs[n + 1:]:
             if time.monotonic() > deadline:
                 report.notes.append(f"time budget ({BUDGET_SECONDS} s) spent: the comparisons of {doc.owner} "
                                     "and of the submissions after it were not all made")
-                return
+                return found
             try:
                 sim, other_sim, overlap = compare(fp, ofp)
-                if not flagged(sim if other.reference else max(sim, other_sim), overlap):
-                    continue
-                blocks = matched_blocks(doc, fp, other, ofp)
             except Exception as exc:
                 report.notes.append(f"{doc.owner} with {other.owner}: not compared ({type(exc).__name__}: {exc})")
                 continue
-            report.matches.append(Match(
-                report.lab.id, doc.owner, other.owner, "reference" if other.reference else "classmate", sim,
-                other_sim, overlap, [(doc.where(a0, a1), _excerpt(doc, a0, a1), other.where(b0, b1),
-                                      _excerpt(other, b0, b1)) for a0, a1, b0, b1 in blocks]))
+            if flagged(sim if other.reference else max(sim, other_sim), overlap):
+                found.append((doc, fp, other, ofp, sim, other_sim, overlap))
+    return found
 
 
 def _excerpt(doc: Document, first: int, last: int, limit: int = 60) -> str:
@@ -447,12 +458,14 @@ def _html(reports: list[LabReport]) -> str:
         if r.matches:
             parts.append("<table><tr><th>student</th><th>matches</th><th>kind</th><th>share of the student's code"
                          "</th><th>share of the other</th><th>matched</th></tr>")
-            parts += [f"<tr><td><a href='#{_anchor(r.lab.id, i)}'>{html_text(m.student, 80)}</a></td>"
+            parts += [f"<tr><td>{_link(r.lab.id, i, m)}</td>"
                       f"<td>{html_text(m.other, 120)}</td><td>{m.kind}</td><td class='num'>{m.similarity:.0%}</td>"
                       f"<td class='num'>{m.other_similarity:.0%}</td><td class='num'>{m.overlap}</td></tr>"
                       for i, m in enumerate(r.matches)]
             parts.append("</table>")
         for i, m in enumerate(r.matches):
+            if not m.blocks:
+                continue
             parts.append(f"<h3 id='{_anchor(r.lab.id, i)}'>{html_text(m.student, 80)} and "
                          f"{html_text(m.other, 120)}</h3><table><tr><th>{html_text(m.student, 80)}</th>"
                          f"<th>{html_text(m.other, 120)}</th></tr>")
@@ -462,6 +475,11 @@ def _html(reports: list[LabReport]) -> str:
             parts.append("</table>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _link(lab: str, i: int, m: Match) -> str:
+    name = html_text(m.student, 80)
+    return f"<a href='#{_anchor(lab, i)}'>{name}</a>" if m.blocks else name
 
 
 def _anchor(lab: str, i: int) -> str:
