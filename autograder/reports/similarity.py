@@ -10,9 +10,10 @@ and docstrings hide nothing; a match is a run of at least `NOISE` placeholder ch
   reads), each document capped at `MAX_CHARS`.
 - The answer key: the lab's solution cells (solutions/) and the camplib modules the lab forbids
   or whose text names them (b01: camplib/attention.py; b02: camplib/rope.py as well).
-- What everyone shares is not evidence: every fingerprint of the released notebook (signatures,
-  docstrings, the visible tests, and a blank submission's whole code) is boilerplate, removed
-  before comparing, so a template left blank or kept as given matches nothing.
+- What everyone shares is not evidence: the lines of the released exercise cells (signatures,
+  docstrings, given lines) are blanked in every document (`blank_template`), and every fingerprint
+  of the released notebook's code (the visible tests too) is boilerplate, removed before
+  comparing; a template left blank or kept as given matches nothing.
 A pair is flagged when at least `THRESHOLD` of one side's fingerprinted code (the submission's
 side, against the answer key) is found in the other and the match covers at least `MIN_OVERLAP`
 characters. A submission that cannot be read is listed, not compared; nothing here can stop
@@ -47,7 +48,7 @@ MAX_CHARS = 100_000    # of one document's code: a huge upload is compared on it
 MAX_REFERENCE_FILES = 40
 MAX_SHOWN = 60        # flagged pairs of a lab shown side by side (all are listed)
 BUDGET_SECONDS = 600   # for the whole report: comparisons left when it is spent are listed as skipped
-_VOTERS = 8
+_VOTERS = 8           # places a repeated fingerprint is followed at when lining blocks up
 _CAMPLIB = re.compile(r"\bcamplib(?:\.\w+)+")
 _STYLE = ("body{font-family:system-ui,sans-serif;max-width:90rem;margin:2em auto;padding:0 1rem}"
           "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
@@ -81,7 +82,7 @@ class Document:
 
     def part(self, line: int) -> int:
         """Index of the part holding document line `line` (1-based)."""
-        return max((i for i, (start, _) in enumerate(self.origins) if start <= line), default=0)
+        return max(0, bisect.bisect_right(self.origins, (line, "\U0010ffff")) - 1)
 
     def last_line(self, line: int) -> int:
         """The last line of the part holding document line `line`."""
