@@ -178,7 +178,7 @@ def camplib_files(root: Path, names: list[str]) -> list[Path]:
     found: list[Path] = []
     for name in dict.fromkeys(names):
         parts = name.split(".")
-        for n in range(len(parts), 0, -1):
+        for n in range(len(parts), 1, -1):   # camplib itself is no answer key
             base = root.joinpath(*parts[:n])
             if base.with_suffix(".py").is_file():
                 found.append(base.with_suffix(".py"))

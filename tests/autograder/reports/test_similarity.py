@@ -367,3 +367,24 @@ def test_camp_grade_writes_the_report_and_keeps_the_scores(tmp_path, capsys):
     assert scores == {"ada": 12.0, "bob": 12.0}, "a flag never changes a score (bob's code is correct too)"
     html = (out / "similarity.html").read_text()
     assert "2 submissions compared" in html and "1 pair flagged" in html
+
+
+def test_the_answer_key_is_the_module_behind_each_name():
+    files = similarity.camplib_files(ROOT, ["camplib.attention.attend", "camplib.kernels", "camplib.parallel.DataParallel",
+                                            "camplib.attention", "camplib.no_such_module"])
+    rel = [str(p.relative_to(ROOT)) for p in files]
+    assert rel[0] == "camplib/attention.py" and rel.count("camplib/attention.py") == 1
+    assert "camplib/kernels/flash.py" in rel and "camplib/parallel/__init__.py" in rel
+    assert all(r.startswith(("camplib/attention.py", "camplib/kernels/", "camplib/parallel/__init__.py")) for r in rel), rel
+
+
+def test_given_lines_are_blanked_and_strings_stay_paired():
+    given = frozenset({"def softmax(x, dim=-1):", '"""', "raise NotImplementedError()"})
+    text = 'def softmax(x, dim=-1):\n    """Mine.\n    """\n    return x.exp() / x.exp().sum(dim)\n'
+    out = similarity.blank_template(text, given)
+    assert len(out) == len(text) and out.count("\n") == text.count("\n"), "positions and lines kept"
+    assert out.splitlines()[0].strip() == "", "the given signature is blanked"
+    assert '"""Mine.\n    """' in out, "a docstring with a line of the student's stays whole"
+    assert "return x.exp() / x.exp().sum(dim)" in out
+    whole = 'def softmax(x, dim=-1):\n    """\n    """\n'
+    assert similarity.blank_template(whole, given).strip() == "", "a string on given lines only is blanked whole"
