@@ -11,7 +11,7 @@ and docstrings hide nothing; a match is a run of at least `NOISE` placeholder ch
 - The answer key: the lab's solution cells (solutions/) and the camplib modules the lab forbids
   or whose text names them (b01: camplib/attention.py; b02: camplib/rope.py as well).
 - What everyone shares is not evidence: the lines of the released exercise cells (signatures,
-  docstrings, given lines) are blanked in every document (`blank_template`), and every fingerprint
+  docstrings, given lines) and of the code its text shows are blanked in every document (`blank_template`), and every fingerprint
   of the released notebook's code (the visible tests too) is boilerplate, removed before
   comparing; a template left blank or kept as given matches nothing.
 A pair is flagged when at least `THRESHOLD` of one side's fingerprinted code (the submission's
@@ -50,6 +50,7 @@ MAX_SHOWN = 60        # flagged pairs of a lab shown side by side (all are liste
 BUDGET_SECONDS = 600   # for the whole report: comparisons left when it is spent are listed as skipped
 _VOTERS = 8           # places a repeated fingerprint is followed at when lining blocks up
 _CAMPLIB = re.compile(r"\bcamplib(?:\.\w+)+")
+_FENCED = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)
 _STYLE = ("body{font-family:system-ui,sans-serif;max-width:90rem;margin:2em auto;padding:0 1rem}"
           "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
           "text-align:left;vertical-align:top}td.num{text-align:right}"
@@ -146,13 +147,15 @@ def student_document(student: str, folder: Path, spec: LabSpec, caps: GradingCap
 
 
 def template_document(spec: LabSpec, release: Path) -> list[str]:
-    """The released notebook's code: as a blank submission's document, and cell by cell."""
+    """The released notebook's code: as a blank submission's document followed by the code shown
+    in its text (```-fenced), then cell by cell."""
     import nbformat
 
     nb = nbformat.read(release, as_version=4)
     course = course_sources(spec)
     blank = Document("template", [(label, s) for label, s, _ in build_program(spec, nb).cells if s not in course])
-    return [blank.text] + [c.source for c in nb.cells if c.cell_type == "code"]
+    shown = [code for c in nb.cells if c.cell_type == "markdown" for code in _FENCED.findall(c.source)]
+    return ["".join([blank.text, *shown])] + [c.source for c in nb.cells if c.cell_type == "code"] + shown
 
 
 def reference_documents(lab: Lab, root: Path) -> list[Document]:

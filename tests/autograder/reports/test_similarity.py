@@ -388,3 +388,14 @@ def test_given_lines_are_blanked_and_strings_stay_paired():
     assert "return x.exp() / x.exp().sum(dim)" in out
     whole = 'def softmax(x, dim=-1):\n    """\n    """\n'
     assert similarity.blank_template(whole, given).strip() == "", "a string on given lines only is blanked whole"
+
+
+def test_code_the_lab_text_shows_is_template():
+    """p03's text shows how to call the service with openai's client: students who paste it share it
+    with the course, not with each other."""
+    lab = Catalog.load().get("p03")
+    code = similarity.template_document(LabSpec.from_notebook(lab.source_path(ROOT)), lab.release_path(ROOT))
+    template = similarity.Template.of(code)
+    line = 'client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")'
+    assert line in template.lines
+    assert similarity.blank_template(f"x = 1\n{line}\n", template.lines).split("\n")[1].strip() == ""
