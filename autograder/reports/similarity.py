@@ -237,18 +237,19 @@ def blank_template(text: str, lines: frozenset[str]) -> str:
 
 @dataclass
 class Template:
-    """What every student got: the lines of the released exercise cells (stripped), and the
-    fingerprints of the released notebook's code."""
+    """What every student got: the lines of the released exercise cells and of the code the text
+    shows (stripped), and the fingerprints of all the released notebook's code."""
     lines: frozenset[str]
     hashes: np.ndarray
 
     @classmethod
     def of(cls, code: list[str]) -> "Template":
-        """`code[0]`: a blank submission's document; the rest: every code cell of the release."""
+        """`code` as `template_document` gives it: `code[0]` holds the lines students are given."""
         return cls(frozenset(line.strip() for line in code[0].splitlines()) - {""}, boilerplate_hashes(code))
 
 
 def boilerplate_hashes(template: list[str]) -> np.ndarray:
+    """Every fingerprint of each text (copydetect's boilerplate: removed from every document)."""
     from copydetect import CodeFingerprint
 
     hashes = set()
@@ -269,6 +270,7 @@ def _line_map(doc: Document, fp) -> np.ndarray:
         if len(fp.offsets):
             dropped = np.maximum.accumulate(fp.offsets[:, 1])
             raw = positions + dropped[np.clip(np.searchsorted(fp.offsets[:, 0], positions), 0, len(dropped) - 1)]
+        # doc.compared (what was fingerprinted) has doc.text's length and line breaks
         newlines = np.flatnonzero(np.frombuffer(doc.text.encode("utf-32-le"), dtype=np.uint32) == 10)
         doc.line_map = np.searchsorted(newlines, raw, side="left") + 1
     return doc.line_map
