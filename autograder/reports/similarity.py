@@ -271,7 +271,7 @@ def _line_map(doc: Document, fp) -> np.ndarray:
             dropped = np.maximum.accumulate(fp.offsets[:, 1])
             raw = positions + dropped[np.clip(np.searchsorted(fp.offsets[:, 0], positions), 0, len(dropped) - 1)]
         # doc.compared (what was fingerprinted) has doc.text's length and line breaks
-        newlines = np.flatnonzero(np.frombuffer(doc.text.encode("utf-32-le"), dtype=np.uint32) == 10)
+        newlines = np.flatnonzero(np.frombuffer(doc.text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32) == 10)
         doc.line_map = np.searchsorted(newlines, raw, side="left") + 1
     return doc.line_map
 

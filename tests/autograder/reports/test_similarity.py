@@ -296,14 +296,14 @@ def test_the_reference_solution_itself_is_flagged(lab, tmp_path):
     assert set(_pairs(report)) == {("ada", SOLUTION)}
 
 
-EVIL = "<script>alert(1)<\\/script>\u202e"
+EVIL = "<script>alert(1)<\\/script>\u202e\ud800"
 
 
 def test_hostile_submissions_are_listed_and_the_others_compared(lab, tmp_path):
     lab_, spec, caps = lab
     junk = os.urandom(300_000)
     answers = {"ann": _honest("ann"), "bob": _honest("bob"),
-               "cop": {"sdpa": _defs(COPY)["scaled_dot_product_attention"][2].replace("\n", f"  # {EVIL}\n", 3)},
+               "cop": {"sdpa": _defs(COPY)["scaled_dot_product_attention"][2].replace("\n", "  # EVIL\n", 3)},
                "huge": {"softmax": "(" * 900_000}, "junk": {}, "nest": {"sdpa": "[" * 50_000 + "\n" + "x = '''" * 1000},
                "notjson": {}, "meta": {}}
     files = {"junk": {"helper.py": junk, "<b>x\u202e.py": b"\x00" * 1000, "data.bin": junk},
@@ -314,6 +314,8 @@ def test_hostile_submissions_are_listed_and_the_others_compared(lab, tmp_path):
     nb = json.loads((folder / "meta" / lab_.name / lab_.notebook).read_text())
     nb["cells"][7]["metadata"]["nbgrader"] = "solution"      # student-controlled metadata of the wrong type
     (folder / "meta" / lab_.name / lab_.notebook).write_text(json.dumps(nb))
+    cop = folder / "cop" / lab_.name / lab_.notebook   # markup, bidi and a lone surrogate (JSON allows it)
+    cop.write_text(cop.read_text().replace("# EVIL", "# " + json.dumps(EVIL)[1:-1]))
     start = time.monotonic()
     reports = write_similarity(tmp_path, ROOT, {LAB: (lab_, spec, students)}, caps)
     elapsed = time.monotonic() - start
@@ -325,7 +327,8 @@ def test_hostile_submissions_are_listed_and_the_others_compared(lab, tmp_path):
     assert any(n.startswith("huge: only its first") for n in report.notes), report.notes
     # the page and the sheet stay inert
     html = (tmp_path / "similarity.html").read_text(encoding="utf-8")
-    assert "<script" not in html and "\u202e" not in html and "&lt;script&gt;" in html
+    assert "<script" not in html and "\u202e" not in html and "\ud800" not in html and "&lt;script&gt;" in html
+    assert "\\u202e" in html and "\\ud800" in html, "shown as visible escapes"
     assert not re.search(r"""(src|href)\s*=\s*['"]?(https?:)?//""", html)
     with open(tmp_path / "similarity.csv", newline="", encoding="utf-8") as f:
         assert [(r["student"], r["other"]) for r in csv.DictReader(f)] == [("cop", "camplib/attention.py")]
