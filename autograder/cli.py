@@ -121,6 +121,8 @@ def cmd_grade(args, catalog: Catalog, root: Path) -> int:
     print(f"\nhidden cases of this run used seed {seed} (recorded in each result; results kept from an "
           f"earlier run keep theirs): `camp grade --seed {seed} --regrade` grades with the same cases")
     print(f"\ngrades: {out / 'grades.csv'}   report: {out / 'report.html'}   feedback: {out / 'feedback'}")
+    from .reports.similarity import summary_line
+    print(summary_line(out))
     failed = [r for r in rows if r.grader_failed]
     if failed:  # the grader's fault, not the students': the instructor must look (students' failures exit 0)
         print(f"\ncamp grade: the grader failed on {len(failed)} submission(s); run again to retry them:",

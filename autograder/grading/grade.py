@@ -6,10 +6,12 @@ generate_assignment), collected/ the students' files (nbgrader's "submitted" fol
 collect writes too: each graded upload's checked copy with its timestamp.txt, so Formgrader
 counts and dates what was graded), results/ one JSON per graded submission,
 feedback/ the HTML each student gets, gradebook.db the scores, grades.csv and report.html the
-summaries. Each submission runs in its own sandbox (autograder.isolation.sandbox) while the course's
-tests run in a clean process (autograder.grading.engine). A finished result is written atomically
-and not redone on a later run unless the submission, the lab or `--regrade` says so, so an
-interrupted grading run resumes where it stopped.
+summaries, similarity.html and .csv the code-similarity flags (autograder.reports.similarity: for
+the instructor to look at, never a score). Each submission runs in its own sandbox
+(autograder.isolation.sandbox) while the course's tests run in a clean process
+(autograder.grading.engine). A finished result is written atomically and not redone on a later run
+unless the submission, the lab or `--regrade` says so, so an interrupted grading run resumes where
+it stopped.
 
 Uploads are read first (autograder.grading.uploads, under the course's `[grading]` caps): a
 malformed one is that student's 0 with its reason, published like any result. grades.csv
@@ -43,6 +45,7 @@ from ..reports.formgrader import publish_for_formgrader
 from ..reports.gradebook import record
 from ..reports.grades_csv import GRADER_ERROR, GradeRow, write_grades_csv
 from ..reports.reasons import lost_points
+from ..reports.similarity import write_similarity
 from ..text import html_text, inert
 from .pool import GradingPool
 from .results import SubmissionResult, TestOutcome, load_result, result_key, save_result
@@ -108,7 +111,7 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.chmod(out, 0o700)
-    run = _Run(out, catalog.caps)
+    run = _Run(out, catalog.caps, root)
     scratch_root = pool = None
     try:
         subs, rejected = collect(submissions_dir, out / "unpacked", catalog.caps)
@@ -187,8 +190,9 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
 class _Run:
     """The rows of one grading run and the outputs made from them (grade sheet, report)."""
 
-    def __init__(self, out: Path, caps: GradingCaps):
-        self.out, self.caps = out, caps
+    def __init__(self, out: Path, caps: GradingCaps, root: Path | None = None):
+        self.out, self.caps, self.root = out, caps, root
+        self.labs: dict[str, Lab] = {}
         self.rows: list[GradeRow] = []
         self.results: dict[tuple[str, str], SubmissionResult] = {}
         self.pending: dict[tuple[str, str], float] = {}   # (student, lab id) -> max score, not yet in rows
@@ -202,6 +206,7 @@ class _Run:
         try:
             row = _publish(self.out, lab, result, self.caps)
             self.results[(result.student, lab.id)] = result
+            self.labs[lab.id] = lab
         except Exception as exc:
             row = GradeRow(result.student, lab.id, 0.0, result.max_score, GRADER_ERROR,
                            f"publishing the result failed: {type(exc).__name__}: {exc}")
@@ -225,6 +230,20 @@ class _Run:
                 "<!doctype html><meta charset='utf-8'><title>LLM Camp grading report</title>"
                 f"<p>The report could not be drawn ({html_text(type(exc).__name__)}: {html_text(exc, 300)}); "
                 "grades.csv is complete.</p>")
+        self.write_similarity()
+
+    def write_similarity(self) -> None:
+        """similarity.html/.csv for this run's submissions: flags for a person, never a score."""
+        try:
+            labs = {lab_id: (lab, LabSpec.from_notebook(self.out / "source" / lab.name / lab.notebook),
+                             [s for s, l in self.results if l == lab_id]) for lab_id, lab in self.labs.items()}
+            write_similarity(self.out, self.root, labs, self.caps)
+        except Exception as exc:  # grading is done and recorded; say why there is no comparison
+            (self.out / "similarity.csv").unlink(missing_ok=True)
+            (self.out / "similarity.html").write_text(
+                "<!doctype html><meta charset='utf-8'><title>LLM Camp code similarity</title>"
+                f"<p>The code-similarity report could not be made ({html_text(type(exc).__name__)}: "
+                f"{html_text(exc, 300)}); grades are not affected.</p>")
 
 
 def _sort_rejections(rejected: list[Rejected], catalog: Catalog, only_lab: str | None, run: _Run):

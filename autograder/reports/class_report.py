@@ -121,7 +121,9 @@ def write_report(rows: list[GradeRow], results: list[SubmissionResult], dest: Pa
              f"<p>{len({r.student for r in rows})} students; submissions: "
              f"{sum(v for k, v in statuses.items() if k != 'not submitted')} submitted, {statuses['graded']} graded, "
              f"{statuses['error']} errors, {statuses[GRADER_ERROR]} grader errors, "
-             f"{statuses['not submitted']} not submitted</p>"]
+             f"{statuses['not submitted']} not submitted</p>",
+             "<p>Code similarity (copies of the answer key or of classmates, flagged for review, never a "
+             "score): <a href='similarity.html'>similarity.html</a></p>"]
     for lab in sorted(l for l in by_lab_rows if l):
         parts += _lab_section(lab, by_lab_rows[lab], by_lab_results.get(lab, []))
     if by_lab_rows.get(""):
