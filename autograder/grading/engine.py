@@ -79,7 +79,8 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
         if not notebook.exists():
             others = sorted(p.name for p in notebook.parent.glob("*.ipynb"))
             raise ValueError(f"no {notebook.name} in the submission" + (f" (found {', '.join(others)})" if others else ""))
-        nb = parse_notebook(notebook.read_bytes(), notebook.name)   # the upload check's own rule
+        repairs: list[str] = []
+        nb = parse_notebook(notebook.read_bytes(), notebook.name, repairs)   # the upload check's own rule
     except Exception as exc:
         result.status = "error"
         result.message = (str(exc)[:300] if isinstance(exc, (ValueError, SubmissionError)) else
@@ -88,7 +89,7 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
         return result
     try:   # deterministic for a given notebook: a failure here is never retried
         program = build_program(spec, nb)
-        result.notes = program.notes
+        result.notes = repairs + program.notes
         banned = banned_tests(spec, program.cells, forbid, notebook.parent, Path(spec.folder) if spec.folder else None)
     except Exception as exc:
         result.status, result.message = "error", f"the notebook could not be graded: {type(exc).__name__}: {exc}"[:300]

@@ -24,6 +24,7 @@ import nbformat
 
 from ..catalog import Lab
 from ..grading.results import SubmissionResult
+from ..grading.uploads.notebooks import parse_notebook
 from .gradebook import set_submission_time
 
 MISSING_SOLUTION = "# (this cell was missing from the submission)\n"
@@ -35,7 +36,7 @@ def publish_for_formgrader(out: Path, lab: Lab, result: SubmissionResult) -> Pat
     submitted = out / "submitted" / result.student / lab.name
     source = nbformat.read(out / "source" / lab.name / lab.notebook, as_version=4)
     try:
-        student = nbformat.read(submitted / lab.notebook, as_version=4)
+        student = parse_notebook((submitted / lab.notebook).read_bytes(), lab.notebook)   # metadata repaired
     except Exception:  # unreadable or missing: the graded cells alone, solutions marked missing
         student = None
     dest = out / "autograded" / result.student / lab.name / lab.notebook

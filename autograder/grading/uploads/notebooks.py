@@ -76,10 +76,11 @@ def _json(text: str, shown: str):
         raise SubmissionError(f"not a valid notebook: {shown} cannot be parsed ({type(exc).__name__})") from None
 
 
-def parse_notebook(data: bytes | str, name: str = "the notebook"):
+def parse_notebook(data: bytes | str, name: str = "the notebook", repairs: list[str] | None = None):
     """The one rule for a valid notebook (module docstring): an nbformat v4 NotebookNode, or
     SubmissionError("not a valid notebook: ...") saying why. No caps: the grader reads the copy
-    the upload check already capped."""
+    the upload check already capped. Student-controlled metadata comes back repaired
+    (repair_metadata); what was repaired is appended to `repairs`."""
     import nbformat
 
     shown = inert(name, 80)
@@ -107,7 +108,58 @@ def parse_notebook(data: bytes | str, name: str = "the notebook"):
     for cell in nb.cells:
         if isinstance(cell.get("source"), str) and "\r" in cell.source:
             cell.source = cell.source.replace("\r\n", "\n").replace("\r", "\n")
+    found = repair_metadata(nb)
+    if repairs is not None:
+        repairs += found
     return nb
+
+
+# nbgrader's cell metadata and the type each field must have; anything else is the student's
+# file being malformed (a hand-edited or hostile notebook), never a reason for the grader to fail.
+_NBGRADER_FIELDS = {"grade_id": str, "points": (int, float), "grade": bool, "solution": bool, "locked": bool,
+                    "task": bool, "schema_version": int, "cell_type": str, "checksum": str}
+
+
+def repair_metadata(nb) -> list[str]:
+    """Make every student-controlled metadata field the type its readers expect (build_program,
+    camp check, Formgrader publishing): a `metadata.nbgrader` that is not a mapping is dropped,
+    a field of the wrong type is dropped (a `points` of True or NaN too), `tags` that are not a
+    list of strings become one. Returns what was repaired, one line per cell, for the feedback."""
+    notes = []
+    for index, cell in enumerate(nb.cells):
+        meta = cell.get("metadata")
+        if not isinstance(meta, dict):
+            cell["metadata"] = meta = nbformat_node({})
+            notes.append(f"cell {index}: its metadata was not a mapping and was ignored")
+        nbg = meta.get("nbgrader")
+        if nbg is not None and not isinstance(nbg, dict):
+            del meta["nbgrader"]
+            notes.append(f"cell {index}: its nbgrader metadata was a {type(nbg).__name__}, not a mapping, "
+                         "and was ignored")
+        elif isinstance(nbg, dict):
+            bad = [k for k, kind in _NBGRADER_FIELDS.items() if k in nbg and not _typed(nbg[k], kind)]
+            for key in bad:
+                del nbg[key]
+            if bad:
+                notes.append(f"cell {index}: nbgrader metadata {', '.join(bad)} of the wrong type was ignored")
+        tags = meta.get("tags")
+        if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
+            meta["tags"] = [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
+            notes.append(f"cell {index}: its tags were not a list of strings and were repaired")
+    return notes
+
+
+def _typed(value, kind) -> bool:
+    if isinstance(value, bool) and kind is not bool:
+        return False
+    if kind == (int, float):
+        return isinstance(value, (int, float)) and value == value and abs(value) != float("inf")
+    return isinstance(value, kind)
+
+
+def nbformat_node(d: dict):
+    from nbformat import from_dict
+    return from_dict(d)
 
 
 def read_notebook(path: Path, caps: GradingCaps):
