@@ -11,12 +11,23 @@ A forbidden entry is caught under any name that reaches it:
   `torch.ops.aten._safe_softmax`, `aten._scaled_dot_product_flash_attention` (`alias_of`);
 - a Tensor method spelled like it (`x.softmax(-1)`), unless the student defines that attribute
   themselves (their own `self.softmax` is theirs; the runtime observer still watches the call).
+Names computed at run time are denied by default where they could reach one (computed_names
+folds what is written in literals first: `'soft' + 'max'` is the literal `softmax`): a name
+known only at run time looked up on a module or class carrying a forbidden entry (reached by
+import, alias, `__import__`/`import_module`, `globals()[...]`, a container, a conditional or a
+loop) is every forbidden entry of that package; on an object the scan cannot type, a partly
+built name is matched against the forbidden names' spellings, and an opaque one counts only
+when the submission hands such a module to code the scan cannot follow (static_check).
 Besides forbidden names, the scan reports what would let code escape it (`findings`): source
 it cannot parse after IPython's own transforms (a notebook cell like that is simply not run,
 `unparsable_cell`; an importable .py file costs every test), magics and shell escapes that run code it
-cannot see, exec/eval of computed strings, lookups by computed names on library modules,
-reloading or replacing library modules, reaching past wrappers (`__wrapped__`, `__closure__`,
-gc), and touching the machinery that observes calls.
+cannot see, exec/eval of computed strings, lookups by computed names on Python's own machinery
+(sys, importlib, types...), `getattr`-like functions handed around as values, any write into a
+library module or class (tampering: assignment, `del`, `setattr`, namespace updates; a constant
+setting of a third-party module is not one), reloading library modules, reaching past wrappers
+(`__wrapped__`, `__closure__`, gc), and touching the machinery that observes calls. Types that
+make code only when called (`types.FunctionType`) are fine in type tests and annotations.
+Findings and reasons name the line.
 """
 from __future__ import annotations
 
