@@ -190,7 +190,7 @@ def _is_carrier(rules: Rules, path: str) -> bool:
 
 _REACH_PAST = {"__wrapped__", "__closure__", "__globals__", "__code__", "__builtins__", "__subclasses__",
                "cell_contents", "f_back", "f_globals", "f_locals", "gi_frame", "tb_frame", "__kwdefaults__",
-               "__defaults__", "func_globals", "__getattribute__"}
+               "__defaults__", "func_globals", "__getattribute__", "__loader__", "__spec__"}
 _MACHINERY = re.compile(r"(torch_dispatch|_dispatch_|dispatch_mode|python_dispatch|DispatchKey|TorchDispatch|"
                         r"torch_function|TorchFunction|DisableTorch|setprofile|settrace|_getframe|currentframe|"
                         r"_current_frames|getclosurevars|^unwrap$|^_?push_mode$|^_?pop_mode$|_disable_current_modes|"
@@ -204,6 +204,8 @@ _LOADERS = {"importlib.reload", "imp.reload", "importlib.machinery", "importlib.
             "pickle.Unpickler", "_pickle", "dill", "cloudpickle", "sys.modules", "sys.path", "sys.meta_path",
             "sys.path_hooks", "sys.setprofile", "sys.settrace", "threading.setprofile", "threading.settrace",
             "gc.get_objects", "gc.get_referents", "gc.get_referrers", "builtins", "ctypes.pythonapi"}
+# Replace library attributes for a while (tampering whatever the target).
+_PATCHERS = {"unittest.mock.patch", "mock.patch", "pytest.MonkeyPatch", "_pytest.monkeypatch", "pytest.monkeypatch"}
 # Types that only make code when called: naming them in a type test (`isinstance(f, types.FunctionType)`,
 # `type(f) is FunctionType`, an annotation) runs nothing.
 _TYPE_ONLY = {"types.CodeType", "types.FunctionType", "types.ModuleType"}
@@ -381,6 +383,8 @@ class _Scan:
         loader = next((".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in _LOADERS), None)
         if loader and not (loader in _TYPE_ONLY and node is not None and _type_test(node)):
             self.find(f"uses {path}, which loads or replaces code the grader cannot check", node)
+        if any(".".join(parts[:i]) in _PATCHERS for i in range(1, len(parts) + 1)):
+            self.find(f"uses {path}, which replaces library functions while it is active (tampering)", node)
         if any(_MACHINERY.search(p) for p in parts) or (parts[0] == "autograder" and len(parts) > 1
                                                         and parts[1] not in ("checks", "text")):
             self.find(f"uses {path}, part of the machinery that observes calls during grading", node)
@@ -403,6 +407,11 @@ class _Scan:
                 held = self.carriers(node.value)
                 if held:
                     self.computed(held, node, f"{_show(node)} reads the namespace of {_names(held)}")
+        namespace = _namespace_of(node)
+        if namespace is not None and not _namespace_read(node):
+            for owner in sorted(self.carriers(namespace) or self.library_owner(namespace)):
+                self.find(f"hands the namespace of {owner} to code that could change it "
+                          "(replacing parts of a library module is not allowed: tampering)", node)
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             if node.id in _REACH_PAST:
                 self.find(f"uses {node.id}, which reaches past the library's own functions", node)
@@ -518,10 +527,15 @@ class _Scan:
         like an attribute; a computed one on a module or class carrying forbidden entries is denied
         (it could be any of them); on an object the scan cannot type, a name built from literals is
         matched against the forbidden names, an opaque one noted (see _Scan)."""
-        obj = node.args[0]
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            obj = ast.Tuple(elts=[a.value if isinstance(a, ast.Starred) else a for a in node.args]
+                            + [k.value for k in node.keywords], ctx=ast.Load())
+            key_node = ast.Name(id="\0unpacked", ctx=ast.Load())     # getattr(*args): the name is unknown
+        else:
+            obj = node.args[0]
+            key_node = node.args[1] if len(node.args) > 1 else None
         held = self.carriers(obj)
         owners = held or self.library_owner(obj)
-        key_node = node.args[1] if len(node.args) > 1 else None
         key = self.literal(key_node) if key_node is not None else None
         if name in ("setattr", "delattr"):
             value = node.args[2] if name == "setattr" and len(node.args) > 2 else None
@@ -550,7 +564,7 @@ class _Scan:
             self.computed(held, node, f"{_show(node)} looks up an attribute of {_names(held)} by a name computed "
                                       "at run time: it could be any of them. Write the attribute's name literally")
             return
-        pattern = name_pattern(key_node, self.env)
+        pattern = ".*" if key_node.__dict__.get("id") == "\0unpacked" else name_pattern(key_node, self.env)
         if pattern is None:
             self.opaque.append((self.line(node) or 0, _show(node)))
             return
@@ -682,7 +696,28 @@ def _escapes(node) -> bool:
         return node in parent.bases
     if isinstance(parent, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node is parent.value:
         targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
-        return any(not isinstance(t, ast.Name) for t in targets)
+        return any(not isinstance(t, ast.Name) for t in targets) or isinstance(_parent(parent), ast.ClassDef)
+    return False
+
+
+_READ_METHODS = {"get", "keys", "items", "values", "copy", "__contains__", "__getitem__", "__len__", "__iter__"}
+_READ_CALLS = {"list", "dict", "sorted", "len", "set", "tuple", "print", "repr", "str", "iter", "any", "all", "enumerate"}
+
+
+def _namespace_read(node) -> bool:
+    """`vars(m)` / `m.__dict__` only read where it stands (an item read, a read method, a loop,
+    `in`, a copy); a write method or a store is checked elsewhere (check_call, check_write)."""
+    parent = _parent(node)
+    if isinstance(parent, ast.Subscript) and parent.value is node:
+        return True
+    if isinstance(parent, ast.Attribute) and parent.value is node:
+        return parent.attr in _READ_METHODS or parent.attr in _NAMESPACE_WRITES
+    if isinstance(parent, (ast.For, ast.AsyncFor, ast.comprehension)) and parent.iter is node:
+        return True
+    if isinstance(parent, ast.Compare):
+        return True
+    if isinstance(parent, ast.Call) and node in parent.args:
+        return _callee(parent) in _READ_CALLS
     return False
 
 

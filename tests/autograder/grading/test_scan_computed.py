@@ -44,6 +44,8 @@ PRELUDE = "import torch\nimport torch.nn.functional as F\nimport camplib\n"
     ("m = F if flag else None\nf = getattr(m, name)", TORCH),
     ("for m in (torch, F):\n    f = getattr(m, name)", TORCH),
     ("ms = {'f': F}\nf = getattr(ms['f'], name)", TORCH),
+    ("f = getattr(*[F, name])", TORCH),
+    ("args = (F, name)\nf = getattr(*args)", TORCH),
     # an object the scan cannot type, with a name partly built from literals that could spell one
     ("def softmax(x, dim=-1):\n    return getattr(x, 'soft' + suffix)(dim)", SOFTMAX),
     ("def softmax(x, dim=-1):\n    return getattr(x, f'_{kind}softmax')(dim)", SOFTMAX),
@@ -61,6 +63,7 @@ def test_a_computed_name_on_a_carrier_is_denied(source, expected):
     ("m = importlib.import_module(name)", "import_module() on a computed value"),
     ("import types\nf = getattr(types, name)", "computed names"),
     ("import sys\nm = vars(sys)[name]", "computed names"),
+    ("f = F.__loader__", "__loader__"),
 ])
 def test_indirect_lookups_are_findings(source, fragment):
     hits, findings = scan("import importlib\n" + PRELUDE + source, FORBID)
@@ -85,6 +88,11 @@ def test_indirect_lookups_are_findings(source, fragment):
     ("torch.allclose = lambda *a, **k: True", "assigns to torch.allclose"),
     ("import numpy\nnumpy.allclose = lambda *a, **k: True", "assigns to numpy.allclose"),
     ("torch.tril += 1", "assigns to torch.tril"),
+    ("from unittest import mock\nmock.patch('camplib.dist.harness.run_collective', fake).start()", "unittest.mock.patch"),
+    ("import unittest.mock as um\num.patch.object(F, 'softmax', fake).start()", "unittest.mock.patch"),
+    ("import operator\nimport camplib.dist.harness as h\noperator.setitem(vars(h), 'run_collective', fake)",
+     "namespace of camplib.dist.harness"),
+    ("import camplib.dist.harness as h\nns = h.__dict__\nns['run_collective'] = fake", "namespace of camplib.dist.harness"),
 ])
 def test_writes_into_library_modules_are_tampering(source, fragment):
     hits, findings = scan(PRELUDE + source, FORBID)
@@ -118,6 +126,12 @@ def test_a_module_handed_to_a_helper_that_writes_into_it_is_tampering(tmp_path):
     banned = _banned(tmp_path, softmax=_reference("softmax") + "\n" + patch)
     assert sorted(banned) == ALL
     assert "assigns to camplib.dist.harness.run_collective" in banned["test_masks"] and "tampering" in banned["test_masks"]
+
+
+def test_a_module_kept_as_a_class_attribute_counts_as_handed_away(tmp_path):
+    keep = "import torch\n\nclass _Box:\n    mod = torch\n\n_f = getattr(_Box.mod, kind)\n"
+    banned = _banned(tmp_path, softmax=_reference("softmax") + "\n" + keep)
+    assert sorted(banned) == ["test_mha", "test_sdpa", "test_softmax"] and "could be torch" in banned["test_softmax"]
 
 
 def test_the_reason_names_the_cell_and_the_line(tmp_path):
