@@ -636,13 +636,12 @@ def _bound(node) -> tuple[list[str], ast.AST | None]:
         return [node.target.id], node.value
     if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
         return [n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)], node.iter
-    if isinstance(node, (ast.With, ast.AsyncWith)):
-        return [], None
-    if isinstance(node, ast.arguments):
+    if isinstance(node, ast.arguments):      # `def f(m=torch)`: every defaulted parameter may hold any default
         names = [a.arg for a in node.args + node.kwonlyargs]
         defaults = [None] * (len(node.args) - len(node.defaults)) + list(node.defaults) + list(node.kw_defaults)
-        out = [(n, d) for n, d in zip(names, defaults) if d is not None]
-        return ([out[0][0]], out[0][1]) if len(out) == 1 else ([n for n, _ in out], ast.Tuple(elts=[d for _, d in out], ctx=ast.Load())) if out else ([], None)
+        given = [(n, d) for n, d in zip(names, defaults) if d is not None]
+        if given:
+            return [n for n, _ in given], ast.Tuple(elts=[d for _, d in given], ctx=ast.Load())
     return [], None
 
 
