@@ -249,6 +249,8 @@ class _Scan:
         self.escaped: dict[str, int] = {}
         self.opaque: list[tuple[int, str]] = []
         self.untyped_writes: list[tuple[int, str | None]] = []
+        self.unresolved: list[tuple[int, str]] = []      # imports of modules neither installed nor submitted
+        self.code_writes: list[tuple[int, str]] = []     # files written at run time that Python could import
         self.env: dict = {}
         self.outer_line: int | None = None
 
@@ -350,10 +352,12 @@ class _Scan:
                 for a in node.names:
                     self.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
                     self.check_path(a.name, node)
+                    self.check_import(a.name, node)
             elif isinstance(node, ast.ImportFrom):
                 if node.level:       # a relative import inside the submission's own package
                     continue
                 module = node.module or ""
+                self.check_import(module, node)
                 for a in node.names:
                     if a.name == "*":
                         self.hit((e for e in self.rules.entries if e.rpartition(".")[0] == module
@@ -374,6 +378,11 @@ class _Scan:
                     self.aliases[target] = _TAINT + "|".join(sorted(held))   # `m = [torch][0]`, `for m in (F,)`
         for node in ast.walk(tree):
             self.visit(node)
+
+    def check_import(self, module: str, node) -> None:
+        head = module.split(".")[0]
+        if head and head not in self.local and not self.library(head) and head not in sys.builtin_module_names:
+            self.unresolved.append((self.line(node) or 0, module))
 
     def check_path(self, path: str, node=None) -> None:
         if not self.library(path):
@@ -501,6 +510,7 @@ class _Scan:
                 self.nested(code, node)
             elif name in ("__import__", "importlib.import_module") and code is not None:
                 self.check_path(code, node)
+                self.check_import(code, node)
             else:
                 self.find(f"calls {name}() on a computed value: the grader cannot see what it runs", node)
         elif name in ("operator.attrgetter", "operator.methodcaller") and node.args:
@@ -511,6 +521,8 @@ class _Scan:
                 self.hit(e for part in key.split(".") for e in self.rules.by_attribute(part) if part not in self.own)
         elif name in _DYNAMIC_LOOKUPS and node.args:
             self.dynamic_lookup(node, name)
+        if _writes_code(node, name, self.literal):
+            self.code_writes.append((self.line(node) or 0, _show(node)))
         elif (isinstance(node.func, ast.Attribute) and node.func.attr in _NAMESPACE_WRITES
               and _namespace_of(node.func.value) is not None):
             held = self.carriers(_namespace_of(node.func.value)) or self.library_owner(_namespace_of(node.func.value))
@@ -614,6 +626,35 @@ class _Scan:
             self.run(tree)
         finally:
             self.outer_line, self.env = outer, env
+
+
+_IMPORTABLE = (".py", ".pyc", ".so", ".pth", ".pyd", ".zip", ".egg", ".whl")
+_FILE_MAKERS = {"shutil.copy", "shutil.copyfile", "shutil.copy2", "shutil.copytree", "shutil.move", "os.rename",
+                "os.replace", "os.link", "os.symlink", "os.write", "shutil.unpack_archive"}
+
+
+def _writes_code(node: ast.Call, name: str | None, literal) -> bool:
+    """The call may write a file Python could import (a .py written by `open(..., 'w')`,
+    `Path.write_text`, a copy or move): a literal target with another suffix (`log.json`,
+    `fig.png`) does not count, a computed one does."""
+    def importable(target) -> bool:
+        path = literal(target) if target is not None else None
+        return path is None or path.endswith(_IMPORTABLE) or "." not in path.rsplit("/", 1)[-1]
+
+    if name in ("open", "io.open", "builtins.open", "os.open") and node.args:
+        mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg in ("mode", "flags")), None)
+        text = literal(mode) if mode is not None else "r"
+        writes = name == "os.open" or text is None or any(c in text for c in "wax+")
+        return writes and importable(node.args[0])
+    if name in _FILE_MAKERS:
+        return importable(node.args[1] if len(node.args) > 1 else None)
+    if isinstance(node.func, ast.Attribute) and node.func.attr in ("write_text", "write_bytes", "symlink_to",
+                                                                   "hardlink_to", "extractall"):
+        owner = node.func.value     # Path('helpers.py').write_text(...)
+        if isinstance(owner, ast.Call) and owner.args and node.func.attr.startswith(("write", "symlink", "hardlink")):
+            return importable(owner.args[-1])
+        return True
+    return False
 
 
 def _magic_statement(line: str) -> str:

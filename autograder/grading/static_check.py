@@ -81,7 +81,13 @@ def banned_tests(spec: LabSpec, cells, forbid: list[str], folder: Path | None = 
     for label, _, _, result in scans:
         for path, line in result.escaped.items():
             escaped.setdefault(path, f"{label}, line {line}" if line else label)
+    writer = next(((label, w) for label, _, _, r in scans for w in r.code_writes), None)
     for label, grade_id, is_cell, result in scans:
+        if writer and result.unresolved:   # code written while the notebook runs, then imported
+            (line, module), (where, (wline, shown)) = result.unresolved[0], writer
+            ban(all_tests, f"{label}, line {line}: imports {module}, which is neither installed nor a file of the "
+                           f"submission, and {where}, line {wline} writes a file at run time ({shown}): the grader "
+                           "cannot check code written while the notebook runs; submit it as a .py file")
         written = _written_into(escaped, result.untyped_writes)
         if written:
             ban(all_tests, f"{label}, line {written[0]}: assigns to {written[1]} through a name the grader cannot "

@@ -134,6 +134,24 @@ def test_a_module_kept_as_a_class_attribute_counts_as_handed_away(tmp_path):
     assert sorted(banned) == ["test_mha", "test_sdpa", "test_softmax"] and "could be torch" in banned["test_softmax"]
 
 
+@pytest.mark.parametrize("write", [
+    "with open('fast_softmax.py', 'w') as f:\n    f.write(CODE)\n",
+    "from pathlib import Path\nPath('fast_softmax.py').write_text(CODE)\n",
+    "open(name + '.py', 'a').write(CODE)\n",
+    "import shutil\nshutil.copy('notes.txt', 'fast_softmax.py')\n",
+])
+def test_code_written_at_run_time_then_imported_costs_every_test(tmp_path, write):
+    """The scan reads the files the submission holds; a module the notebook writes while it runs
+    and then imports is code it never saw."""
+    code = "CODE = 'import torch\\ndef softmax(x, dim=-1):\\n    return torch.softmax(x, dim)\\n'\n"
+    banned = _banned(tmp_path, softmax=code + write + "from fast_softmax import softmax\n")
+    assert sorted(banned) == ALL
+    assert "imports fast_softmax, which is neither installed nor a file of the submission" in banned["test_mha"]
+    assert "writes a file at run time" in banned["test_mha"]
+    (tmp_path / "fast_softmax.py").write_text("def softmax(x, dim=-1):\n    return x\n")   # submitted: scanned
+    assert _banned(tmp_path, softmax="from fast_softmax import softmax\nopen('log.txt', 'w').write('x')\n") == {}
+
+
 def test_the_reason_names_the_cell_and_the_line(tmp_path):
     source = _reference("softmax") + "\nimport torch.nn.functional as _F\n_f = getattr(_F, 'scaled_' + kind)\n"
     banned = _banned(tmp_path, softmax=source)

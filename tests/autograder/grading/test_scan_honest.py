@@ -57,6 +57,10 @@ HONEST = {
     "functional_allowed_names": "import torch.nn.functional as F\nimport torch\ny = F.gelu(torch.zeros(2)) + F.relu(torch.zeros(2))\n",
     "cudnn_and_sparse_attributes": "import torch\nprint(torch.backends.cudnn.is_available(), torch.sparse.mm)\n",
     "globals_by_literal_name": "fn = globals()['softmax']\n",
+    "writes_data_and_optional_import": "import json\nfrom pathlib import Path\ntry:\n    import wandb_not_installed\n"
+                                       "except ImportError:\n    wandb_not_installed = None\n"
+                                       "with open('results.json', 'w') as f:\n    json.dump({'ok': 1}, f)\n"
+                                       "Path('notes.txt').write_text('done')\n",
 }
 
 
