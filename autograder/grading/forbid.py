@@ -458,7 +458,7 @@ class _Scan:
                 t = t.value
             if isinstance(t, ast.Attribute):
                 owners, attr = self.carriers(t.value) or self.library_owner(t.value), t.attr
-                if not owners and self.dotted(t.value) is None:
+                if not owners and self.dotted(t.value) is None and not _method_self(t.value):
                     self.untyped_writes.append((self.line(node) or 0, attr))
             elif isinstance(t, ast.Subscript):
                 namespace = t.value
@@ -686,6 +686,19 @@ def _bound(node) -> tuple[list[str], ast.AST | None]:
     return [], None
 
 
+def _method_self(node) -> bool:
+    """`node` is the first parameter of the method it is in (`self.x = ...` in a class body's
+    function): the instance's own attribute, not a module's."""
+    if not isinstance(node, ast.Name):
+        return False
+    scope = _parent(node)
+    while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        scope = _parent(scope)
+    return (scope is not None and isinstance(_parent(scope), ast.ClassDef) and bool(scope.args.args)
+            and scope.args.args[0].arg == node.id and not any(
+                isinstance(d, ast.Name) and d.id == "staticmethod" for d in scope.decorator_list))
+
+
 def _parent(node):
     return getattr(node, "_camp_parent", None)
 
@@ -721,13 +734,18 @@ def _annotation(node) -> bool:
         (isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) and parent.returns is node)
 
 
+# Builtins that only look at what they are given (`dir(torch)`, `help(F)`): handing a module to
+# them hands it to no one.
+_LOOKS_ONLY = _TYPE_TESTS | {"type", "id", "print", "repr", "str", "hash", "callable", "dir", "help", "len", "bool",
+                             "format"}
+
+
 def _escapes(node) -> bool:
     """The value of `node` goes where the scan cannot follow it: a call's argument (but a type
     test's), a return or yield, an attribute or item stored, a class base, a default."""
     parent = _parent(node)
     if isinstance(parent, ast.Call):
-        return node is not parent.func and not (_callee(parent) in _TYPE_TESTS | {"type", "id", "print", "repr",
-                                                                                    "str", "hash", "callable"})
+        return node is not parent.func and _callee(parent) not in _LOOKS_ONLY
     if isinstance(parent, ast.keyword):
         return isinstance(_parent(parent), ast.Call) and _callee(_parent(parent)) not in _TYPE_TESTS
     if isinstance(parent, (ast.Return, ast.Yield, ast.YieldFrom, ast.Lambda)):

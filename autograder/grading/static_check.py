@@ -114,12 +114,12 @@ def banned_tests(spec: LabSpec, cells, forbid: list[str], folder: Path | None = 
 
 def _written_into(escaped: dict[str, str], writes) -> tuple[int, str] | None:
     """(line, module.attribute) of the first write, on an object the scan cannot type, of an
-    attribute that a module or class handed away (`escaped`) has: `def patch(m): m.run = fake`
+    attribute that a module handed away (`escaped`) holds code under: `def patch(m): m.run = fake`
     with `patch(camplib.dist.harness)`. A computed attribute name counts for any of them."""
     for line, attr in writes:
         for path in escaped:
             obj = _resolve(path)
-            if attr is None or (obj is not None and hasattr(obj, attr)):
+            if attr is None or callable(getattr(obj, attr, None)):   # what tampering replaces: code
                 return line, f"{path}.{attr or '<computed name>'}"
     return None
 

@@ -57,6 +57,10 @@ HONEST = {
     "functional_allowed_names": "import torch.nn.functional as F\nimport torch\ny = F.gelu(torch.zeros(2)) + F.relu(torch.zeros(2))\n",
     "cudnn_and_sparse_attributes": "import torch\nprint(torch.backends.cudnn.is_available(), torch.sparse.mm)\n",
     "globals_by_literal_name": "fn = globals()['softmax']\n",
+    "exploring_a_module_and_own_attributes": "import torch\nimport torch.nn.functional as F\nprint(dir(F)[:3])\n"
+                                             "help(torch.tril)\n\nclass Cfg:\n    def __init__(self, device):\n"
+                                             "        self.device = device\n\ndef set_all(obj, names, value):\n"
+                                             "    for n in names:\n        setattr(obj, n, value)\n        obj.dtype = value\n",
     "writes_data_and_optional_import": "import json\nfrom pathlib import Path\ntry:\n    import wandb_not_installed\n"
                                        "except ImportError:\n    wandb_not_installed = None\n"
                                        "with open('results.json', 'w') as f:\n    json.dump({'ok': 1}, f)\n"
