@@ -126,7 +126,8 @@ class Rules:
         for e in self.callables:
             if e not in hits and e.split(".")[0] == head and any(alias_of(p, e) for p in parts):
                 hits.append(e)
-        if head in self.packages and not hits:
+        suspicious = parts and any(alias_of(parts[-1], e) for e in self.callables)   # peft.x.nn.functional.softmax
+        if (head in self.packages or suspicious) and not hits:
             obj = _resolve(path)
             if obj is not None:
                 hits += self.objects.get(id(obj), [])
@@ -558,8 +559,9 @@ class _Scan:
                     self.find(f"{'replaces' if name == 'setattr' else 'deletes'} {owner}.{key or '<computed name>'}: "
                               "replacing parts of a library module is not allowed (tampering)", node)
             return
-        if not held:
-            held = {o for o in owners if o.split(".")[0] in _ESCAPE_HEADS}    # sys, types, importlib...
+        if not held:    # sys, types, importlib...; another library's module holding torch or camplib
+            held = {o for o in owners if o.split(".")[0] in _ESCAPE_HEADS} | {
+                c for o in owners if o.split(".")[0] not in self.rules.packages for c in _reexported(self.rules, o)}
         if name in ("vars", "inspect.getmembers"):
             if held:
                 self.computed(held, node, f"{_show(node)} reads every attribute of {_names(held)}")
@@ -588,8 +590,9 @@ class _Scan:
         """A lookup in `modules` by a name computed at run time (getattr(m, 'soft' + x),
         vars(m), m.__dict__[...]): it may reach any forbidden entry of those packages."""
         for module in sorted(modules):
+            heads = {module.split(".")[0], *_real_heads(module)}      # camplib.checkpointing.torch is torch
+            entries = [e for e in self.rules.entries if e.split(".")[0] in heads]
             head = module.split(".")[0]
-            entries = [e for e in self.rules.entries if e.split(".")[0] == head]
             if entries:
                 self.hit(entries, why, node)
             elif head in _ESCAPE_HEADS:
@@ -803,6 +806,31 @@ def _constant(node) -> bool:
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         return all(_constant(e) for e in node.elts)
     return False
+
+
+def _real_heads(path: str) -> set[str]:
+    """The top-level package the object at `path` comes from (its module's name), when that is
+    another package than the path's own: `camplib.checkpointing.torch` -> {"torch"}."""
+    obj = _resolve(path) if path.split(".")[0] in ("camplib", "autograder") or path.split(".")[0] in sys.modules else None
+    name = getattr(obj, "__name__", None) if inspect.ismodule(obj) else getattr(obj, "__module__", None)
+    return {name.split(".")[0]} if isinstance(name, str) and name else set()
+
+
+def _reexported(rules: Rules, path: str) -> set[str]:
+    """Modules carrying forbidden entries that the library module at `path` holds as attributes
+    (`transformers.modeling_utils.torch`, `.nn`): a lookup in it by a computed name reaches them."""
+    try:
+        obj = _resolve(path)
+    except Exception:  # noqa: BLE001 - a library that fails to import holds nothing we can see
+        return set()
+    if not inspect.ismodule(obj):
+        return set()
+    found = set()
+    for value in list(vars(obj).values()):
+        name = getattr(value, "__name__", None) if inspect.ismodule(value) else None
+        if isinstance(name, str) and name.split(".")[0] in rules.packages and rules.carrier(name):
+            found.add(name)
+    return found
 
 
 @lru_cache(maxsize=4096)

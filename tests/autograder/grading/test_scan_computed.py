@@ -46,6 +46,10 @@ PRELUDE = "import torch\nimport torch.nn.functional as F\nimport camplib\n"
     ("ms = {'f': F}\nf = getattr(ms['f'], name)", TORCH),
     ("f = getattr(*[F, name])", TORCH),
     ("args = (F, name)\nf = getattr(*args)", TORCH),
+    # the module reached through another package's attributes
+    ("import camplib.checkpointing as C\nf = getattr(C.torch.nn.functional, name)", FORBID),
+    ("import transformers.modeling_utils as mu\nf = mu.nn.functional.scaled_dot_product_attention", FORBID[:1]),
+    ("import transformers.modeling_utils as mu\nf = getattr(mu, name)", TORCH),
     # an object the scan cannot type, with a name partly built from literals that could spell one
     ("def softmax(x, dim=-1):\n    return getattr(x, 'soft' + suffix)(dim)", SOFTMAX),
     ("def softmax(x, dim=-1):\n    return getattr(x, f'_{kind}softmax')(dim)", SOFTMAX),

@@ -57,6 +57,8 @@ HONEST = {
     "functional_allowed_names": "import torch.nn.functional as F\nimport torch\ny = F.gelu(torch.zeros(2)) + F.relu(torch.zeros(2))\n",
     "cudnn_and_sparse_attributes": "import torch\nprint(torch.backends.cudnn.is_available(), torch.sparse.mm)\n",
     "globals_by_literal_name": "fn = globals()['softmax']\n",
+    "another_librarys_own_function": "import numpy as np\nimport scipy.special\n"
+                                     "p = scipy.special.softmax(np.zeros(3))\nf = getattr(np, dtype_name)\n",
     "exploring_a_module_and_own_attributes": "import torch\nimport torch.nn.functional as F\nprint(dir(F)[:3])\n"
                                              "help(torch.tril)\n\nclass Cfg:\n    def __init__(self, device):\n"
                                              "        self.device = device\n\ndef set_all(obj, names, value):\n"
