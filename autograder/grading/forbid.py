@@ -40,6 +40,21 @@ import sys
 from functools import lru_cache
 
 from .computed_names import could_be, literal_name, name_pattern, string_assignments
+from .source_places import (
+    _NAMESPACE_WRITES,
+    bound,
+    callee,
+    called,
+    const_str,
+    constant,
+    escapes,
+    magic_statement,
+    method_self,
+    namespace_of,
+    namespace_read,
+    type_test,
+    writes_code,
+)
 
 # -- names ------------------------------------------------------------------------------------
 
@@ -215,14 +230,11 @@ _ESCAPE_HEADS = {"autograder", "sys", "builtins", "importlib", "gc", "imp", "zip
                  "pickle", "_pickle", "dill", "cloudpickle", "ctypes", "threading", "inspect", "operator", "functools"}
 _DYNAMIC_LOOKUPS = {"getattr", "setattr", "delattr", "hasattr", "vars", "operator.attrgetter",
                     "operator.methodcaller", "inspect.getmembers", "inspect.getattr_static"}
-_READS = {"getattr", "hasattr", "inspect.getattr_static"}
 # Lookups by name handed around as values (functools.reduce(getattr, ...), partial(setattr, m)):
 # the scan cannot tell what they will look up.
 _INDIRECT = {"getattr", "setattr", "delattr", "vars", "__import__", "exec", "eval", "compile", "globals", "locals",
              "operator.attrgetter", "operator.methodcaller", "operator.setitem", "operator.delitem",
              "importlib.import_module", "inspect.getattr_static", "inspect.getmembers"}
-_NAMESPACE_WRITES = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
-_TYPE_TESTS = {"isinstance", "issubclass"}
 _SAFE_LINE_MAGICS = {"matplotlib", "pinfo", "pinfo2", "psearch", "precision", "pprint", "xmode", "who", "whos"}
 _CODE_MAGICS = {"time", "timeit", "capture"}   # their argument or body is Python: scanned like a cell
 _TAINT = "?"    # an alias whose value may be one of these library objects, computed: "?torch|camplib.dist"
@@ -283,7 +295,7 @@ class _Scan:
             if isinstance(node, ast.Attribute) and node.attr != "__dict__":
                 parts.append(node.attr)
                 node = node.value
-            elif (isinstance(node, ast.Call) and _callee(node) == "getattr" and len(node.args) >= 2 and self.literal(node.args[1]) is not None):
+            elif (isinstance(node, ast.Call) and callee(node) == "getattr" and len(node.args) >= 2 and self.literal(node.args[1]) is not None):
                 parts.append(self.literal(node.args[1]))
                 node = node.args[0]
             elif (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
@@ -291,7 +303,7 @@ class _Scan:
                 parts.append(self.literal(node.slice))
                 node = node.value.value
             elif (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call)
-                  and _callee(node.value) in ("globals", "locals", "vars") and not node.value.args
+                  and callee(node.value) in ("globals", "locals", "vars") and not node.value.args
                   and self.literal(node.slice) is not None):
                 node = ast.Name(id=self.literal(node.slice), ctx=ast.Load())
             elif isinstance(node, ast.Call) and _imported(node, self.literal):
@@ -322,7 +334,7 @@ class _Scan:
         if isinstance(node, ast.Name):
             alias = self.aliases.get(node.id, "")
             return set(alias[1:].split("|")) if alias.startswith(_TAINT) else set()
-        if isinstance(node, ast.Call) and _callee(node) in ("globals", "locals", "vars") and not node.args:
+        if isinstance(node, ast.Call) and callee(node) in ("globals", "locals", "vars") and not node.args:
             return self.namespace_carriers()
         if isinstance(node, ast.Call):
             return set()   # what a call returns is not the module it was called on
@@ -368,7 +380,7 @@ class _Scan:
                     if f"{module}.{a.name}" not in _TYPE_ONLY:     # its uses are checked (visit)
                         self.check_path(f"{module}.{a.name}", node)
         for node in ast.walk(tree):   # aliases of library objects, then names that may hold one
-            targets, value = _bound(node)
+            targets, value = bound(node)
             for target in targets:
                 path = self.dotted(value) or (_imported(value, self.literal) if value is not None else None)
                 if path and self.library(path):
@@ -391,7 +403,7 @@ class _Scan:
         self.hit(self.rules.by_path(path))
         parts = path.split(".")
         loader = next((".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in _LOADERS), None)
-        if loader and not (loader in _TYPE_ONLY and node is not None and _type_test(node)):
+        if loader and not (loader in _TYPE_ONLY and node is not None and type_test(node)):
             self.find(f"uses {path}, which loads or replaces code the grader cannot check", node)
         if any(".".join(parts[:i]) in _PATCHERS for i in range(1, len(parts) + 1)):
             self.find(f"uses {path}, which replaces library functions while it is active (tampering)", node)
@@ -417,8 +429,8 @@ class _Scan:
                 held = self.carriers(node.value)
                 if held:
                     self.computed(held, node, f"{_show(node)} reads the namespace of {_names(held)}")
-        namespace = _namespace_of(node)
-        if namespace is not None and not _namespace_read(node):
+        namespace = namespace_of(node)
+        if namespace is not None and not namespace_read(node):
             for owner in sorted(self.carriers(namespace) or self.library_owner(namespace)):
                 self.find(f"hands the namespace of {owner} to code that could change it "
                           "(replacing parts of a library module is not allowed: tampering)", node)
@@ -428,20 +440,20 @@ class _Scan:
             elif node.id == "get_ipython" and not _is_magic_call(node):
                 self.find("uses get_ipython(), which can run code the grader cannot check", node)
             alias = self.aliases.get(node.id, "")
-            if alias in _TYPE_ONLY and not _type_test(node):
+            if alias in _TYPE_ONLY and not type_test(node):
                 self.check_path(alias, node)
             callee = node.id if node.id in _INDIRECT and node.id not in self.aliases else (
                 alias if alias in _INDIRECT else None)
-            if callee and not _called(node) and not _type_test(node):
+            if callee and not called(node) and not type_test(node):
                 self.find(f"hands {callee} around as a value (reduce, partial, map...): "
                           "the grader cannot check what it looks up", node)
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             path = self.dotted(node)
-            if path in _INDIRECT and not _called(node):
+            if path in _INDIRECT and not called(node):
                 self.find(f"hands {path} around as a value (reduce, partial, map...): "
                           "the grader cannot check what it looks up", node)
         if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript, ast.List, ast.Tuple, ast.Set, ast.Dict,
-                             ast.IfExp, ast.BoolOp, ast.Starred)) and _escapes(node):
+                             ast.IfExp, ast.BoolOp, ast.Starred)) and escapes(node):
             for path in self.carriers(node):     # modules only: a class handed to typing.cast or a
                 if inspect.ismodule(_resolve(path)):   # base class is everywhere in honest code
                     self.escaped.setdefault(path, self.line(node) or 0)
@@ -459,13 +471,13 @@ class _Scan:
                 t = t.value
             if isinstance(t, ast.Attribute):
                 owners, attr = self.carriers(t.value) or self.library_owner(t.value), t.attr
-                if not owners and self.dotted(t.value) is None and not _method_self(t.value):
+                if not owners and self.dotted(t.value) is None and not method_self(t.value):
                     self.untyped_writes.append((self.line(node) or 0, attr))
             elif isinstance(t, ast.Subscript):
                 namespace = t.value
                 if isinstance(namespace, ast.Attribute) and namespace.attr == "__dict__":
                     owners, attr = self.carriers(namespace.value) or self.library_owner(namespace.value), None
-                elif isinstance(namespace, ast.Call) and _callee(namespace) == "vars" and namespace.args:
+                elif isinstance(namespace, ast.Call) and callee(namespace) == "vars" and namespace.args:
                     owners, attr = self.carriers(namespace.args[0]) or self.library_owner(namespace.args[0]), None
                 else:
                     owner = self.dotted(namespace)   # a library object's own items (rcParams, os.environ)
@@ -498,13 +510,13 @@ class _Scan:
         if (self.rules.by_path(path) or self.rules.by_attribute(attr) or _MACHINERY.search(attr)
                 or any(e.startswith(path + ".") for e in self.rules.entries) or owner.split(".")[0] == "autograder"):
             return True
-        return _module_or_class(owner) and not _constant(value)
+        return _module_or_class(owner) and not constant(value)
 
     def check_call(self, node: ast.Call) -> None:
         if isinstance(node.func, ast.Attribute) and _is_get_ipython(node.func.value):
             self.magic(node, node.func.attr)
             return
-        name = self.dotted(node.func) or _callee(node)
+        name = self.dotted(node.func) or callee(node)
         if name in _OPAQUE_CALLS:
             code = self.literal(node.args[0]) if node.args else None
             if name in ("exec", "eval", "compile") and code is not None:
@@ -522,11 +534,11 @@ class _Scan:
                 self.hit(e for part in key.split(".") for e in self.rules.by_attribute(part) if part not in self.own)
         elif name in _DYNAMIC_LOOKUPS and node.args:
             self.dynamic_lookup(node, name)
-        if _writes_code(node, name, self.literal):
+        if writes_code(node, name, self.literal):
             self.code_writes.append((self.line(node) or 0, _show(node)))
         elif (isinstance(node.func, ast.Attribute) and node.func.attr in _NAMESPACE_WRITES
-              and _namespace_of(node.func.value) is not None):
-            held = self.carriers(_namespace_of(node.func.value)) or self.library_owner(_namespace_of(node.func.value))
+              and namespace_of(node.func.value) is not None):
+            held = self.carriers(namespace_of(node.func.value)) or self.library_owner(namespace_of(node.func.value))
             for owner in sorted(held):
                 self.find(f"changes the namespace of {owner} ({node.func.attr}): replacing parts of a library "
                           "module is not allowed (tampering)", node)
@@ -604,7 +616,7 @@ class _Scan:
         if method == "run_line_magic" and kind in _SAFE_LINE_MAGICS:
             return
         if method == "run_line_magic" and kind in _CODE_MAGICS and len(args) > 1 and args[1] is not None:
-            self.nested(_magic_statement(args[1]), node, magic=True)
+            self.nested(magic_statement(args[1]), node, magic=True)
             return
         if method == "run_cell_magic" and kind in _CODE_MAGICS and len(args) > 2 and args[2] is not None:
             self.nested(args[2], node, magic=True)
@@ -631,181 +643,10 @@ class _Scan:
             self.outer_line, self.env = outer, env
 
 
-_IMPORTABLE = (".py", ".pyc", ".so", ".pth", ".pyd", ".zip", ".egg", ".whl")
-_FILE_MAKERS = {"shutil.copy", "shutil.copyfile", "shutil.copy2", "shutil.copytree", "shutil.move", "os.rename",
-                "os.replace", "os.link", "os.symlink", "os.write", "shutil.unpack_archive"}
-
-
-def _writes_code(node: ast.Call, name: str | None, literal) -> bool:
-    """The call may write a file Python could import (a .py written by `open(..., 'w')`,
-    `Path.write_text`, a copy or move): a literal target with another suffix (`log.json`,
-    `fig.png`) does not count, a computed one does."""
-    def importable(target) -> bool:
-        path = literal(target) if target is not None else None
-        return path is None or path.endswith(_IMPORTABLE) or "." not in path.rsplit("/", 1)[-1]
-
-    if name in ("open", "io.open", "builtins.open", "os.open") and node.args:
-        mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg in ("mode", "flags")), None)
-        text = literal(mode) if mode is not None else "r"
-        writes = name == "os.open" or text is None or any(c in text for c in "wax+")
-        return writes and importable(node.args[0])
-    if name in _FILE_MAKERS:
-        return importable(node.args[1] if len(node.args) > 1 else None)
-    if isinstance(node.func, ast.Attribute) and node.func.attr in ("write_text", "write_bytes", "symlink_to",
-                                                                   "hardlink_to", "extractall"):
-        owner = node.func.value     # Path('helpers.py').write_text(...)
-        if isinstance(owner, ast.Call) and owner.args and node.func.attr.startswith(("write", "symlink", "hardlink")):
-            return importable(owner.args[-1])
-        return True
-    return False
-
-
-def _magic_statement(line: str) -> str:
-    """The Python statement of a `%time`/`%timeit` line, its options (`-n 1 -r 3`, `-q`, `-o`)
-    left out."""
-    text = line.lstrip()
-    while text.startswith("-"):
-        option, _, rest = text.partition(" ")
-        text = rest.lstrip()
-        if option in ("-n", "-r", "-p") and text.split(" ", 1)[0].isdigit():
-            text = text.partition(" ")[2].lstrip()
-    return text
-
-
-def _bound(node) -> tuple[list[str], ast.AST | None]:
-    """(names, the value they are bound to) for a binding statement or expression."""
-    if isinstance(node, ast.Assign):
-        return [t.id for t in node.targets if isinstance(t, ast.Name)], node.value
-    if isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and isinstance(node.target, ast.Name) and node.value is not None:
-        return [node.target.id], node.value
-    if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
-        return [n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)], node.iter
-    if isinstance(node, ast.arguments):      # `def f(m=torch)`: every defaulted parameter may hold any default
-        names = [a.arg for a in node.args + node.kwonlyargs]
-        defaults = [None] * (len(node.args) - len(node.defaults)) + list(node.defaults) + list(node.kw_defaults)
-        given = [(n, d) for n, d in zip(names, defaults) if d is not None]
-        if given:
-            return [n for n, _ in given], ast.Tuple(elts=[d for _, d in given], ctx=ast.Load())
-    return [], None
-
-
-def _method_self(node) -> bool:
-    """`node` is the first parameter of the method it is in (`self.x = ...` in a class body's
-    function): the instance's own attribute, not a module's."""
-    if not isinstance(node, ast.Name):
-        return False
-    scope = _parent(node)
-    while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        scope = _parent(scope)
-    return (scope is not None and isinstance(_parent(scope), ast.ClassDef) and bool(scope.args.args)
-            and scope.args.args[0].arg == node.id and not any(
-                isinstance(d, ast.Name) and d.id == "staticmethod" for d in scope.decorator_list))
-
-
-def _parent(node):
-    return getattr(node, "_camp_parent", None)
-
-
-def _called(node) -> bool:
-    parent = _parent(node)
-    return isinstance(parent, ast.Call) and parent.func is node
-
-
-def _type_test(node) -> bool:
-    """`node` is only compared or type-tested: isinstance/issubclass's class argument (alone or in
-    a tuple), an operand of `is`/`==`/`in`, or an annotation."""
-    child, parent = node, _parent(node)
-    while isinstance(parent, (ast.Tuple, ast.List, ast.Set)) or (isinstance(parent, ast.BinOp)
-                                                                  and isinstance(parent.op, ast.BitOr)):
-        child, parent = parent, _parent(parent)
-    if isinstance(parent, ast.Call) and _callee(parent) in _TYPE_TESTS and child in parent.args[1:]:
-        return True
-    if isinstance(parent, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.In, ast.NotIn))
-                                               for op in parent.ops):
-        return True
-    if isinstance(parent, ast.Subscript) and child is parent.slice:    # Optional[FunctionType], Callable[...]
-        return _type_test(parent) or _annotation(parent)
-    return _annotation(child)
-
-
-def _annotation(node) -> bool:
-    parent = _parent(node)
-    while isinstance(parent, (ast.Subscript, ast.Tuple, ast.BinOp, ast.Attribute)):
-        node, parent = parent, _parent(parent)
-    return (isinstance(parent, ast.arg) and parent.annotation is node) or \
-        (isinstance(parent, ast.AnnAssign) and parent.annotation is node) or \
-        (isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) and parent.returns is node)
-
-
-# Builtins that only look at what they are given (`dir(torch)`, `help(F)`): handing a module to
-# them hands it to no one.
-_LOOKS_ONLY = _TYPE_TESTS | {"type", "id", "print", "repr", "str", "hash", "callable", "dir", "help", "len", "bool",
-                             "format"}
-
-
-def _escapes(node) -> bool:
-    """The value of `node` goes where the scan cannot follow it: a call's argument (but a type
-    test's), a return or yield, an attribute or item stored, a class base, a default."""
-    parent = _parent(node)
-    if isinstance(parent, ast.Call):
-        return node is not parent.func and _callee(parent) not in _LOOKS_ONLY
-    if isinstance(parent, ast.keyword):
-        return isinstance(_parent(parent), ast.Call) and _callee(_parent(parent)) not in _TYPE_TESTS
-    if isinstance(parent, (ast.Return, ast.Yield, ast.YieldFrom, ast.Lambda)):
-        return True
-    if isinstance(parent, ast.ClassDef):
-        return node in parent.bases
-    if isinstance(parent, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node is parent.value:
-        targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
-        return any(not isinstance(t, ast.Name) for t in targets) or isinstance(_parent(parent), ast.ClassDef)
-    return False
-
-
-_READ_METHODS = {"get", "keys", "items", "values", "copy", "__contains__", "__getitem__", "__len__", "__iter__"}
-_READ_CALLS = {"list", "dict", "sorted", "len", "set", "tuple", "print", "repr", "str", "iter", "any", "all", "enumerate"}
-
-
-def _namespace_read(node) -> bool:
-    """`vars(m)` / `m.__dict__` only read where it stands (an item read, a read method, a loop,
-    `in`, a copy); a write method or a store is checked elsewhere (check_call, check_write)."""
-    parent = _parent(node)
-    if isinstance(parent, ast.Subscript) and parent.value is node:
-        return True
-    if isinstance(parent, ast.Attribute) and parent.value is node:
-        return parent.attr in _READ_METHODS or parent.attr in _NAMESPACE_WRITES
-    if isinstance(parent, (ast.For, ast.AsyncFor, ast.comprehension)) and parent.iter is node:
-        return True
-    if isinstance(parent, ast.Compare):
-        return True
-    if isinstance(parent, ast.Call) and node in parent.args:
-        return _callee(parent) in _READ_CALLS
-    return False
-
-
 def _always_guarded(owner: str) -> bool:
     """Any write into these changes what the course or Python itself does."""
     return owner.split(".")[0] in ("camplib", "sys", "builtins", "importlib") \
         or owner.startswith(("autograder.grading", "autograder.isolation"))
-
-
-def _namespace_of(node):
-    """X for `X.__dict__` and `vars(X)`, else None."""
-    if isinstance(node, ast.Attribute) and node.attr == "__dict__":
-        return node.value
-    if isinstance(node, ast.Call) and _callee(node) == "vars" and node.args:
-        return node.args[0]
-    return None
-
-
-def _constant(node) -> bool:
-    """A plain constant (a setting: `True`, `64`, `"high"`, `(1, 2)`, `-1.5`)."""
-    if isinstance(node, ast.Constant):
-        return True
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
-        return _constant(node.operand)
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return all(_constant(e) for e in node.elts)
-    return False
 
 
 def _real_heads(path: str) -> set[str]:
@@ -861,7 +702,7 @@ def _names(items) -> str:
 def _imported(node, literal=None) -> str | None:
     """The module `__import__('x')` / `importlib.import_module('x')` returns, when its name is
     known from the source (`literal` folds names built from literals)."""
-    literal = literal or _const_str
+    literal = literal or const_str
     if isinstance(node, ast.Call) and node.args and literal(node.args[0]):
         func = node.func
         name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
@@ -892,14 +733,6 @@ def _importable_heads(path: str) -> frozenset[str]:
     if head in ("getattr", "setattr", "delattr", "hasattr", "vars", "exec", "eval", "compile", "__import__"):
         return frozenset({head})
     return frozenset({head}) if _is_module(head) else frozenset()
-
-
-def _callee(node: ast.Call) -> str | None:
-    return node.func.id if isinstance(node.func, ast.Name) else None
-
-
-def _const_str(node) -> str | None:
-    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
 def _ipython_transform(source: str) -> str:
@@ -940,9 +773,9 @@ def own_attributes(sources: list[str]) -> set[str]:
                         names |= {t.id for t in targets if isinstance(t, ast.Name)}
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
                 names.add(node.attr)
-            elif (isinstance(node, ast.Call) and _callee(node) == "setattr" and len(node.args) > 1
-                  and _const_str(node.args[1])):
-                names.add(_const_str(node.args[1]))
+            elif (isinstance(node, ast.Call) and callee(node) == "setattr" and len(node.args) > 1
+                  and const_str(node.args[1])):
+                names.add(const_str(node.args[1]))
     return names
 
 
