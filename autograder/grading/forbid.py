@@ -510,7 +510,7 @@ class _Scan:
         if (self.rules.by_path(path) or self.rules.by_attribute(attr) or _MACHINERY.search(attr)
                 or any(e.startswith(path + ".") for e in self.rules.entries) or owner.split(".")[0] == "autograder"):
             return True
-        return _module_or_class(owner) and not constant(value)
+        return _module_or_class(owner) and not (constant(value) and not _is_class(owner))   # a module's setting
 
     def check_call(self, node: ast.Call) -> None:
         if isinstance(node.func, ast.Attribute) and _is_get_ipython(node.func.value):
@@ -672,6 +672,14 @@ def _reexported(rules: Rules, path: str) -> set[str]:
         if isinstance(name, str) and name.split(".")[0] in rules.packages and rules.carrier(name):
             found.add(name)
     return found
+
+
+def _is_class(path: str) -> bool:
+    """`path` names a class (resolved as _module_or_class does; an unknown path is not one)."""
+    head = path.split(".")[0]
+    if head in ("camplib", "autograder", "torch", "sys", "builtins", "importlib") or head in sys.modules:
+        return inspect.isclass(_resolve(path))
+    return False
 
 
 @lru_cache(maxsize=4096)

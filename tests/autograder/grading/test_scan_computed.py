@@ -92,6 +92,7 @@ def test_indirect_lookups_are_findings(source, fragment):
     ("torch.allclose = lambda *a, **k: True", "assigns to torch.allclose"),
     ("import numpy\nnumpy.allclose = lambda *a, **k: True", "assigns to numpy.allclose"),
     ("torch.tril += 1", "assigns to torch.tril"),
+    ("torch.Tensor.__array_priority__ = 1000", "assigns to torch.Tensor.__array_priority__"),
     ("from unittest import mock\nmock.patch('camplib.dist.harness.run_collective', fake).start()", "unittest.mock.patch"),
     ("import unittest.mock as um\num.patch.object(F, 'softmax', fake).start()", "unittest.mock.patch"),
     ("import operator\nimport camplib.dist.harness as h\noperator.setitem(vars(h), 'run_collective', fake)",
