@@ -18,7 +18,8 @@ Where things live (one role per folder):
 | `grading/`      | the trusted side of camp grade: `grade` (a class), `worker` (one submission  |
 |                 | in a pool process), `engine` (cells and tests), `program` (which cells run), |
 |                 | `remote` + `wire` (stand-ins for the student's objects), `forbid` (static   |
-|                 | scan), `observe` (runtime observer + canaries), `static_check` (which tests |
+|                 | scan; `computed_names`: what a name built at run time can be),             |
+|                 | `observe` (runtime observer + canaries), `static_check` (which tests        |
 |                 | a submission's forbidden uses cost; also run by camp check),                |
 |                 | `uploads` (reading submissions under the `[grading]` caps), `results`        |
 |                 | (outcomes and their store)                                                  |

@@ -39,14 +39,13 @@ def structure_problems(nb, released) -> list[str]:
     return problems
 
 
-PREAMBLE_ID = "camp-check-tracebacks"
-
-
-def run_visible_tests(path: Path, timeout: int = 120) -> list[TestResult]:
+def run_visible_tests(path: Path, timeout: int = 120, nb=None) -> list[TestResult]:
     """Execute a copy of the notebook (cwd = its folder) and report every graded test cell.
+    `nb`: the notebook as already read (check_notebook), else read from `path`.
     Errors are shown as autograder.tracebacks formats them (cell and line in the student's
     notebook); the kernel's own log (its TCP warning, a KeyboardInterrupt when it is stopped)
     goes to a file, shown only if the kernel died."""
+    import copy
     import tempfile
 
     from nbclient import NotebookClient
@@ -54,7 +53,7 @@ def run_visible_tests(path: Path, timeout: int = 120) -> list[TestResult]:
     from .kernel_client import SlicedWaitKernelManager
 
     put_environment_on_path()
-    nb = nbformat.read(path, as_version=4)
+    nb = copy.deepcopy(nb) if nb is not None else nbformat.read(path, as_version=4)
     preamble = nbformat.v4.new_code_cell(
         f"from autograder.tracebacks import install\ninstall(notebook={str(path.resolve())!r})", id=PREAMBLE_ID)
     nb.cells.insert(0, preamble)
@@ -129,13 +128,25 @@ def grading_problems(nb, lab, root: Path, folder: Path) -> tuple[list[str], dict
     return program.notes, banned
 
 
+def read_submission(path: Path, catalog: Catalog):
+    """(notebook, None) or (None, why it is not a valid notebook): the upload check's own rule
+    and caps (autograder.grading.uploads), so what `camp check` accepts the grader accepts."""
+    from ..grading.uploads import SubmissionError, check_notebook as upload_check
+    from ..grading.uploads.files import read_bounded
+
+    try:
+        return upload_check(read_bounded(path, catalog.caps.notebook_bytes), catalog.caps, path.name), None
+    except SubmissionError as exc:
+        return None, str(exc)
+    except OSError as exc:
+        return None, f"cannot read {path.name}: {exc.strerror or exc}"
+
+
 def check_notebook(path: Path, catalog: Catalog, root: Path) -> tuple[list[str], list[TestResult]]:
     """(structure problems and grading notes, visible test results) for a student's notebook."""
-    try:
-        nb = nbformat.read(path, as_version=4)
-        nbformat.validate(nb)
-    except Exception as exc:
-        return [f"not a valid notebook: {str(exc).splitlines()[0]}"], []
+    nb, problem = read_submission(path, catalog)
+    if problem:
+        return [problem], []
     problems: list[str] = []
     banned: dict[str, str] = {}
     timeout = 120
@@ -153,7 +164,7 @@ def check_notebook(path: Path, catalog: Catalog, root: Path) -> tuple[list[str],
     except KeyError:
         problems = [f"'{path.name}' is not a lab notebook of this course; checking its tests anyway "
                     "(structure and forbidden APIs not checked)"]
-    results = run_visible_tests(path, timeout)
+    results = run_visible_tests(path, timeout, nb)
     for r in results:
         if r.grade_id in banned:
             r.passed, r.message = False, banned[r.grade_id]

@@ -21,8 +21,6 @@ import time
 import traceback
 from pathlib import Path
 
-import nbformat
-
 from .. import checks
 from ..course.labspec import HIDDEN, LabSpec
 from ..isolation.sandbox import Sandbox, StudentCrashed
@@ -33,6 +31,8 @@ from .program import build_program
 from .remote import RemoteObject, Session, StudentError
 from .results import SubmissionResult, TestOutcome
 from .static_check import banned_tests
+from .uploads.files import SubmissionError
+from .uploads.notebooks import parse_notebook
 
 MAX_MESSAGE = 2000
 
@@ -81,17 +81,17 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
         if not notebook.exists():
             others = sorted(p.name for p in notebook.parent.glob("*.ipynb"))
             raise ValueError(f"no {notebook.name} in the submission" + (f" (found {', '.join(others)})" if others else ""))
-        nb = nbformat.read(notebook, as_version=4)
-        nbformat.validate(nb)
+        repairs: list[str] = []
+        nb = parse_notebook(notebook.read_bytes(), notebook.name, repairs)   # the upload check's own rule
     except Exception as exc:
         result.status = "error"
-        result.message = (str(exc) if isinstance(exc, ValueError) and str(exc).startswith("no ") else
+        result.message = (str(exc)[:300] if isinstance(exc, (ValueError, SubmissionError)) else
                           f"not a valid notebook: {str(exc).splitlines()[0][:200]}")
         result.tests = [TestOutcome(t.grade_id, t.points, 0.0, "not graded: the notebook could not be read") for t in spec.tests]
         return result
     try:   # deterministic for a given notebook: a failure here is never retried
         program = build_program(spec, nb)
-        result.notes = program.notes
+        result.notes = repairs + program.notes
         banned = banned_tests(spec, program.cells, forbid, notebook.parent, Path(spec.folder) if spec.folder else None)
     except Exception as exc:
         result.status, result.message = "error", f"the notebook could not be graded: {type(exc).__name__}: {exc}"[:300]

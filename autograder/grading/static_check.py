@@ -15,7 +15,7 @@ import ast
 from pathlib import Path
 
 from ..course.labspec import LabSpec
-from .forbid import _is_module, _ipython_transform, own_attributes, scan, unparsable_cell
+from .forbid import _is_module, _ipython_transform, _resolve, check, own_attributes, scan, unparsable_cell
 
 # Files Python can import or load that the scan cannot read.
 UNSCANNABLE = {".pyc", ".pyo", ".so", ".pyd", ".dll", ".dylib", ".pth", ".egg", ".whl"}
@@ -72,15 +72,56 @@ def banned_tests(spec: LabSpec, cells, forbid: list[str], folder: Path | None = 
     for source in [spec.parameters, *spec.setup]:      # imports the course's own cells make
         scan(source, [], aliases=aliases)
     defines = _defines(cells)
+    scans = []
     for label, source, grade_id, is_cell in student_cells + sources:
-        hits, findings = scan(source, forbid, cell=is_cell, own=own, local_modules=local,
-                              aliases=aliases if is_cell else {})
-        if findings:
-            ban(all_tests, f"{label} {findings[0]}")
+        result = check(source, forbid, cell=is_cell, own=own, local_modules=local,
+                       aliases=aliases if is_cell else {})
+        scans.append((label, grade_id, is_cell, result))
+    escaped = {}      # carriers handed where the scan cannot follow, anywhere in the submission
+    for label, _, _, result in scans:
+        for path, line in result.escaped.items():
+            escaped.setdefault(path, f"{label}, line {line}" if line else label)
+    writer = next(((label, w) for label, _, _, r in scans for w in r.code_writes), None)
+    for label, grade_id, is_cell, result in scans:
+        if writer and result.unresolved:   # code written while the notebook runs, then imported
+            (line, module), (where, (wline, shown)) = result.unresolved[0], writer
+            ban(all_tests, f"{label}, line {line}: imports {module}, which is neither installed nor a file of the "
+                           f"submission, and {where}, line {wline} writes a file at run time ({shown}): the grader "
+                           "cannot check code written while the notebook runs; submit it as a .py file")
+        written = _written_into(escaped, result.untyped_writes)
+        if written:
+            ban(all_tests, f"{label}, line {written[0]}: assigns to {written[1]} through a name the grader cannot "
+                           f"follow ({escaped[written[1].rsplit('.', 1)[0]]} hands the module away): replacing "
+                           "parts of a library module is not allowed (tampering)")
+        if result.findings:
+            first = result.findings[0]
+            line = result.lines.get(first)
+            ban(all_tests, f"{label}, line {line}: {first}" if line else f"{label} {first}")
+        hits = list(result.hits)
+        why = [result.reasons[e] for e in hits if e in result.reasons][:1]
+        if escaped and result.opaque:   # getattr(x, name) where x could be a module handed away
+            where, path = next((w, p) for p, w in escaped.items())
+            line, shown = result.opaque[0]
+            carried = [e for e in forbid if e.split(".")[0] in {p.split(".")[0] for p in escaped}]
+            hits += [e for e in carried if e not in hits]
+            why = why or [f"line {line}: {shown} looks up an attribute by a name computed at run time, on an object "
+                          f"that could be {path} ({where} hands it to code the grader cannot follow)"]
         if hits:
-            message = f"{label} uses {', '.join(hits)}, which this lab forbids"
+            message = f"{label} uses {', '.join(hits)}, which this lab forbids" + (f" ({why[0]})" if why else "")
             ban(_affected(spec, grade_id, defines.get(label, set()), cells) if is_cell else all_tests, message)
     return banned
+
+
+def _written_into(escaped: dict[str, str], writes) -> tuple[int, str] | None:
+    """(line, module.attribute) of the first write, on an object the scan cannot type, of an
+    attribute that a module handed away (`escaped`) holds code under: `def patch(m): m.run = fake`
+    with `patch(camplib.dist.harness)`. A computed attribute name counts for any of them."""
+    for line, attr in writes:
+        for path in escaped:
+            obj = _resolve(path)
+            if attr is None or callable(getattr(obj, attr, None)):   # what tampering replaces: code
+                return line, f"{path}.{attr or '<computed name>'}"
+    return None
 
 
 def _defines(cells) -> dict[str, set[str]]:

@@ -26,6 +26,7 @@ from ..catalog import Lab
 from ..course.nbgrader_setup import submission_folder
 from ..grading.results import SubmissionResult
 from ..grading.uploads.turned_in import read_stamp
+from ..grading.uploads.notebooks import parse_notebook
 from .gradebook import set_submission_time
 
 MISSING_SOLUTION = "# (this cell was missing from the submission)\n"
@@ -37,7 +38,7 @@ def publish_for_formgrader(out: Path, lab: Lab, result: SubmissionResult) -> Pat
     submitted = submission_folder(out, result.student, lab.name)
     source = nbformat.read(out / "source" / lab.name / lab.notebook, as_version=4)
     try:
-        student = nbformat.read(submitted / lab.notebook, as_version=4)
+        student = parse_notebook((submitted / lab.notebook).read_bytes(), lab.notebook)   # metadata repaired
     except Exception:  # unreadable or missing: the graded cells alone, solutions marked missing
         student = None
     dest = out / "autograded" / result.student / lab.name / lab.notebook

@@ -14,7 +14,7 @@ from .files import SubmissionError, copy_tree, ignored, read_bounded, remove_tre
 from .notebooks import check_notebook
 from .zips import unzip
 
-STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")   # always fullmatch: `$` accepts "victim\n"
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def collect(submissions_dir: Path, scratch: Path,
         if ignored(entry.name):
             continue
         student = entry.name[:-4] if entry.name.endswith(".zip") else entry.name
-        if not STUDENT_ID.match(student):
+        if not STUDENT_ID.fullmatch(student):
             rejected.append(Rejected(inert(entry.name, 80), f"{inert(entry.name, 80)!r} is not a valid student id "
                                      "(1-64 letters, digits, _ . @ -)", valid_id=False))
             continue

@@ -184,10 +184,20 @@ def test_honest_student_is_unaffected_by_everyone_else(graded):
     assert (rows["ada"].score, rows["ada"].max_score, rows["ada"].status) == (12, 12, "graded")
 
 
-@pytest.mark.parametrize("student", ["patch_checks", "fake_eq", "shadow"])
+@pytest.mark.parametrize("student", ["fake_eq", "shadow"])
 def test_tests_run_outside_the_students_interpreter(graded, student):
     _, rows, details, _ = graded
     assert rows[student].score == 10 and failed_tests(details, student) == ["test_masks"]
+
+
+def test_replacing_library_functions_is_tampering(graded):
+    """The tests run outside the student's interpreter, but the course's helpers (harnesses,
+    runners) run inside it: a submission that replaces library functions in its own process
+    changes what they report, so any such write costs every test, with the line."""
+    _, rows, details, _ = graded
+    assert rows["patch_checks"].score == 0 and rows["patch_checks"].status == "graded"
+    message = next(t["message"] for t in details["patch_checks"]["tests"] if t["grade_id"] == "test_mha")
+    assert "line 2: assigns to autograder.checks.check_close" in message and "tampering" in message, message
 
 
 def test_fake_eq_is_reported_as_ungradable_value(graded):

@@ -100,7 +100,8 @@ def test_wire_refuses_objects_and_malformed_messages():
     ("import operator\nf = operator.methodcaller('softmax', -1)", FORBID[3:6]),
     ("exec('import torch; y = torch.softmax(x, -1)')", FORBID[3:6]),
     # a name computed at run time could be any forbidden entry of that package
-    ("import torch\nf = getattr(torch, 'soft' + 'max')", [e for e in FORBID if e.startswith("torch")]),
+    ("import torch\nf = getattr(torch, 'soft' + 'max')", FORBID[3:6]),     # folded: the literal 'softmax'
+    ("import torch\nf = getattr(torch, name)", [e for e in FORBID if e.startswith("torch")]),
     ("import torch.nn.functional as F\nf = vars(F)[name]", [e for e in FORBID if e.startswith("torch")]),
     ("import torch.nn.functional as F\nf = F.__dict__[name]", [e for e in FORBID if e.startswith("torch")]),
     ("import importlib\nt = importlib.import_module('camplib')\nf = getattr(t, name)", FORBID[2:3]),
@@ -203,7 +204,10 @@ def test_aliases_are_the_same_function_under_another_name(name, entry, expected)
     ("import torch\ntorch._C._unset_dispatch_mode(0)", "machinery"),
     ("import autograder.grading.observe", "machinery"),
     ("a = __import__('autograder')\na.grading.observe.called_by_student = print", "machinery"),
-    ("a = __import__('autograder')\nm = getattr(a, 'gra' + 'ding')", "computed names"),
+    ("a = __import__('autograder')\nm = getattr(a, 'gra' + 'ding')", "machinery"),
+    ("a = __import__('autograder')\nm = getattr(a, name)", "computed names"),
+    ("import torch\ntorch.tril = lambda x: x", "assigns to torch.tril"),
+    ("import numpy\nnumpy.testing.assert_allclose = print", "assigns to numpy.testing.assert_allclose"),
 
     ("exec(code)", "exec()"),
     ("m = __import__(name)", "__import__()"),
@@ -226,7 +230,7 @@ def test_escapes_from_the_scan_are_findings(source, fragment):
 @pytest.mark.parametrize("source", [
     "%matplotlib inline\nimport torch",
     "%time y = softmax(x)",
-    "import torch\ntorch.tril = lambda x: x\nimport numpy\nnumpy.testing.assert_allclose = print",
+    "import torch\ntorch.backends.cudnn.deterministic = True\nimport matplotlib.pyplot as plt\nplt.rcParams['figure.dpi'] = 80",
     "import gc\ngc.collect()",
     "f?",
 ])

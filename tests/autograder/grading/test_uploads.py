@@ -95,6 +95,22 @@ def test_ids_links_and_non_folders_are_rejected_per_student(tmp_path):
     assert "symbolic link" in reasons["linked"]
 
 
+@pytest.mark.parametrize("name", ["victim\n", "victim\r", "victim\n.zip", "\nvictim", "victim\t"])
+def test_a_student_id_matches_whole(tmp_path, name):
+    """`$` also matches before a trailing newline: `victim\\n` would land in the gradebook looking
+    like the student `victim`. The id must match whole; the real `victim` is still graded."""
+    subs = tmp_path / "subs"
+    _nb(subs / "victim" / "b01" / "b01_attention.ipynb")
+    if name.endswith(".zip"):
+        _zip(subs / name, {"b01/b01_attention.ipynb": NB})
+    else:
+        _nb(subs / name / "b01" / "b01_attention.ipynb")
+    found, rejected = collect(subs, tmp_path / "scratch")
+    assert [(s.student, s.lab) for s in found] == [("victim", "b01")]
+    assert len(rejected) == 1 and not rejected[0].valid_id and "not a valid student id" in rejected[0].reason
+    assert "\n" not in rejected[0].student and "\r" not in rejected[0].student
+
+
 @pytest.mark.parametrize("name, expected", [
     ("../../escaped.txt", "points outside"),
     ("/tmp/escaped_abs.txt", "absolute path"),

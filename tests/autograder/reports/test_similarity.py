@@ -14,6 +14,7 @@ import pytest
 
 from autograder.catalog import Catalog, repo_root
 from autograder.course.labspec import LabSpec
+from autograder.course.nbgrader_setup import SUBMITTED
 from autograder.course.reference import solution_cells, student_notebook, write_submission
 from autograder.reports import similarity
 from autograder.reports.similarity import THRESHOLD, compare_lab, write_similarity
@@ -192,20 +193,20 @@ def lab():
 
 
 def _write(lab, out, answers: dict[str, dict[str, str]], files: dict[str, dict[str, bytes]] = {}) -> list[str]:
-    """Each student's submission in out/submitted, as `camp grade` leaves it (answers by grade_id,
+    """Each student's submission in out/collected (nbgrader_setup.SUBMITTED), as `camp grade` leaves it (answers by grade_id,
     extra files beside the notebook); the ids of every student there."""
     for student in sorted(set(answers) | set(files)):
-        write_submission(out / "submitted", student, LAB, student_notebook(LAB, answers.get(student, {}), solve=False))
+        write_submission(out / SUBMITTED, student, LAB, student_notebook(LAB, answers.get(student, {}), solve=False))
         for name, data in files.get(student, {}).items():
-            (out / "submitted" / student / lab[0].name / name).write_bytes(data)
-    return sorted(p.name for p in (out / "submitted").iterdir())
+            (out / SUBMITTED / student / lab[0].name / name).write_bytes(data)
+    return sorted(p.name for p in (out / SUBMITTED).iterdir())
 
 
 def _compare(lab, out, answers=None, files={}):
-    """Write the submissions (if any) and compare the class in out/submitted."""
+    """Write the submissions (if any) and compare the class in out/collected (nbgrader_setup.SUBMITTED)."""
     lab_, spec, caps = lab
     students = _write(lab, out, answers or {}, files)
-    return compare_lab(lab_, spec, ROOT, [(s, out / "submitted" / s / lab_.name) for s in students], caps,
+    return compare_lab(lab_, spec, ROOT, [(s, out / SUBMITTED / s / lab_.name) for s in students], caps,
                        time.monotonic() + 300)
 
 
@@ -309,7 +310,7 @@ def test_hostile_submissions_are_listed_and_the_others_compared(lab, tmp_path):
     files = {"junk": {"helper.py": junk, "<b>x\u202e.py": b"\x00" * 1000, "data.bin": junk},
              "huge": {"big.py": b"x = 1\n" * 200_000}}
     students = _write(lab, tmp_path, answers, files)
-    folder = tmp_path / "submitted"
+    folder = tmp_path / SUBMITTED
     (folder / "notjson" / lab_.name / lab_.notebook).write_text("{" * 10)
     nb = json.loads((folder / "meta" / lab_.name / lab_.notebook).read_text())
     nb["cells"][7]["metadata"]["nbgrader"] = "solution"      # student-controlled metadata of the wrong type
