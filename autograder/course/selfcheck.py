@@ -39,6 +39,9 @@ def structure_problems(nb, released) -> list[str]:
     return problems
 
 
+PREAMBLE_ID = "camp-check-tracebacks"
+
+
 def run_visible_tests(path: Path, timeout: int = 120, nb=None) -> list[TestResult]:
     """Execute a copy of the notebook (cwd = its folder) and report every graded test cell.
     `nb`: the notebook as already read (check_notebook), else read from `path`.
