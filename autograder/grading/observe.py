@@ -8,7 +8,10 @@ exempt by frame or module; the grader decides which reports count (those that ar
 of its tests runs, autograder.grading.engine).
 
 Two layers, both process-wide and armed before any of the student's code runs:
-- `Tripwires` (autograder.grading.forbid) on the forbidden Python names;
+- `Tripwires` (autograder.grading.forbid) on the forbidden Python names of libraries (torch,
+  peft, ...: `runtime_entries`). The course's own modules (camplib) are not wired: the static
+  scan sees every name that reaches them, and the course's runners that a test starts in this
+  process (camplib.parallel.context_run, zero_run, ...) build on them;
 - kernels at the operator dispatcher (`torch.library`) for every aten operator that implements a
   forbidden entry (`ops_for`): on every backend key with a kernel, and on the composite key of
   operators that decompose before reaching a backend (sdpa's math path). Each reports, then calls
@@ -57,6 +60,11 @@ def _dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
     here = os.path.dirname(os.path.abspath(__file__))
     ours = (os.path.join(here, "forbid.py"), os.path.join(here, "observe.py"))
     return tuple(os.path.join(p, "") for p in through) + ours, tuple(os.path.join(p, "") for p in course)
+
+
+def runtime_entries(forbid) -> list[str]:
+    """The entries the runtime tripwires watch (and the canaries check): all but the course's own."""
+    return [e for e in forbid if e.split(".")[0] != "camplib"]
 
 
 @lru_cache(maxsize=32)
@@ -169,7 +177,7 @@ class Observer:
 
     def __init__(self, forbid: list[str], report):
         self.report = report
-        self.tripwires = Tripwires(forbid, report)
+        self.tripwires = Tripwires(runtime_entries(forbid), report)
         self.library = arm_dispatcher(ops_for(tuple(forbid)), report)
 
     def canary(self, plan: list, seed: int) -> None:
@@ -236,7 +244,7 @@ def canary_plan(forbid: tuple[str, ...]) -> tuple[tuple[str, str, int], ...]:
     ops = ops_for(forbid)
     entries_with_ops = {e for es in ops.values() for e in es}
     plan = []
-    for entry in rules.callables:
+    for entry in runtime_entries(rules.callables):
         fn = _resolve(entry)
         if fn is None or not callable(fn):
             continue
