@@ -12,8 +12,8 @@ log file the grader opened outside anything the student can write):
 
 Before anything of the student's runs, the process arms the forbidden-API observer for its whole
 life (autograder.grading.observe: every thread, every forked child), which reports on the
-descriptor `report_fd` the grader handed down, and (`no_exec`) refuses to start any new program
-(autograder.isolation.seccomp). `canary` calls the forbidden APIs the grader names, so the grader
+descriptor `report_fd` the grader handed down, and (`no_exec`: "required" in the sandbox, "try"
+outside it) refuses to start any new program (autograder.isolation.seccomp). `canary` calls the forbidden APIs the grader names, so the grader
 can tell a working observer from a tampered one by what reaches it. Tracebacks sent back keep
 only the student's own frames.
 """
@@ -159,7 +159,12 @@ def main() -> None:
     sys.path.append(os.getcwd())  # the submission's own helper modules import, but never shadow a library
     if config.get("no_exec"):
         from .seccomp import forbid_exec
-        forbid_exec()   # refused: the process ends here, before the student's code (a grader error)
+        try:
+            forbid_exec()
+        except OSError:
+            if config["no_exec"] == "required":
+                raise   # the process ends here, before the student's code: a grader error, retried
+
     runner = Runner(config.get("forbid", []), config.get("report_fd"))
     write_message(proto_out, {"ok": True, "ready": True})
     while True:
