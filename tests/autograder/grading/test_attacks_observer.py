@@ -6,8 +6,9 @@ Every attacker is otherwise the reference solution and reaches b01's forbidden s
 static scan reads as the student's own, only inside their `scaled_dot_product_attention`: so
 exactly test_sdpa (4) and test_mha (4, built on their attention) must fail. Routes: another
 thread, a thread pool, a forked child, a fork process pool, a fresh `python -c` interpreter, an
-operator registered with torch.library, and course helpers calling the kernel for them
-(`autograder.checks.forward_backward`, `camplib.checkpointing.checkpoint`). A student who closes
+operator registered with torch.library, course helpers calling the kernel for them
+(`autograder.checks.forward_backward`, `camplib.checkpointing.checkpoint`), and the exercise's
+name bound to torch's operator itself, so that only the grader's request calls it. A student who closes
 the observer's channel loses every test (tampering).
 """
 
@@ -106,6 +107,16 @@ _lib.impl("attend", _kernel, "CPU")
 '''
 VIA_FORWARD_BACKWARD = '''p = _straight_through(scores, forward_backward(_forbidden(), scores, -1)[0])'''
 VIA_CHECKPOINT = '''p = checkpoint(_forbidden(), scores, -1)'''
+# the exercise's name bound to torch's own operator: the grader's call of it is the student's call
+ASSIGNED = PRELUDE.replace("def _safe_softmax(self):", "def scaled_dot_product_attention(self):\n        return None\n\n"
+                           "    def _safe_softmax(self):") + '''
+
+def _sdpa(ns=torch.ops.aten):
+    return ns.scaled_dot_product_attention.default
+
+
+scaled_dot_product_attention = _sdpa()
+'''
 
 # honest: their own softmax, computed in a thread pool; attention scores with einsum
 HONEST_THREADS = '''with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -127,7 +138,7 @@ EXPECTED_FAILED = {
     "ada": [], "honest_threads": [], "honest_einsum": [],
     "thread": SDPA_AND_MHA, "thread_pool": SDPA_AND_MHA, "fork": SDPA_AND_MHA, "process_pool": SDPA_AND_MHA,
     "fresh_python": SDPA_AND_MHA, "custom_op": SDPA_AND_MHA,
-    "via_forward_backward": SDPA_AND_MHA, "via_checkpoint": SDPA_AND_MHA,
+    "via_forward_backward": SDPA_AND_MHA, "via_checkpoint": SDPA_AND_MHA, "assigned": SDPA_AND_MHA,
     "close_channel": ALL,
 }
 
@@ -155,6 +166,7 @@ def graded(tmp_path_factory):
         "custom_op": student_notebook(LAB, {"sdpa": _attack(CUSTOM_OP, CUSTOM_OP_PRELUDE)}),
         "via_forward_backward": student_notebook(LAB, {"sdpa": _attack(VIA_FORWARD_BACKWARD)}),
         "via_checkpoint": student_notebook(LAB, {"sdpa": _attack(VIA_CHECKPOINT)}),
+        "assigned": student_notebook(LAB, {"sdpa": ASSIGNED}),
         "close_channel": _stray(student_notebook(LAB), "softmax", CLOSE_CHANNEL),
     }
     for student, nb in nbs.items():
@@ -177,12 +189,15 @@ def test_each_route_to_a_forbidden_kernel_costs_exactly_its_tests(graded, studen
     assert rows[student].score == 12 - sum(points[t] for t in EXPECTED_FAILED[student])
 
 
-@pytest.mark.parametrize("student", ["thread", "thread_pool", "fork", "process_pool", "custom_op",
-                                     "via_forward_backward", "via_checkpoint"])
-def test_the_forbidden_call_is_named_wherever_it_ran(graded, student):
+@pytest.mark.parametrize("student, entry", [
+    *((s, "torch.softmax") for s in ("thread", "thread_pool", "fork", "process_pool", "custom_op",
+                                     "via_forward_backward", "via_checkpoint")),
+    ("assigned", "torch.nn.functional.scaled_dot_product_attention"),
+])
+def test_the_forbidden_call_is_named_wherever_it_ran(graded, student, entry):
     _, details = graded
     message = _messages(details, student)
-    assert "your code called" in message and "torch.softmax" in message and "tampering" not in message, message
+    assert "your code called" in message and entry in message and "tampering" not in message, message
 
 
 def test_no_new_interpreter_starts(graded):
