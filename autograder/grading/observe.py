@@ -161,12 +161,15 @@ def arm_dispatcher(ops: dict[str, tuple[str, ...]], report) -> torch.library.Lib
             for overload in getattr(torch.ops.aten, op).overloads():
                 name = op if overload == "default" else f"{op}.{overload}"
                 qualified = "aten::" + name
-                if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeImplicitAutograd"):
+                composite = torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeImplicitAutograd")
+                if composite:
                     # decomposes above the backends: one kernel for every key, around the original
+                    # (a backend kernel of its own would take autograd's place: never added)
                     original = torch.library.get_kernel(qualified, "AutogradCPU")
                     lib.impl(name, _kernel(original, entries, report), "CompositeImplicitAutograd", with_keyset=True)
                 for key in _runtime_keys():
-                    if torch._C._dispatch_has_computed_kernel_for_dispatch_key(qualified, key):
+                    if (torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key) if composite
+                            else torch._C._dispatch_has_computed_kernel_for_dispatch_key(qualified, key)):
                         original = torch.library.get_kernel(qualified, key)
                         lib.impl(name, _kernel(original, entries, report), key, with_keyset=True)
     return lib

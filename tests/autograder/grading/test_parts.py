@@ -295,6 +295,8 @@ qg = q.clone().requires_grad_()
 torch.nn.functional.scaled_dot_product_attention(qg, qg, qg).sum().backward()
 expected["sdpa_grad"] = qg.grad
 obs = arm(forbid, fd)                          # from here on, every call counts
+import warnings
+warnings.simplefilter("error")                 # e.g. autograd's "no autograd kernel registered"
 def mark(tag):
     os.write(1, (tag + "\n").encode())
     os.read(0, 1)                              # the test reads the channel, then lets us go on
