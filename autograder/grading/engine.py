@@ -5,8 +5,9 @@ A crash or timeout costs only what it hits: a cell that kills or hangs the stude
 skipped and the process restarted with the cells before it replayed; a test that does so scores
 0 and the next test gets a fresh process. Forbidden APIs score 0 on the tests they affect:
 decided by the trusted static scan of everything the submission can run (static_check), and
-by the runtime observer in the student's process, which is believed only while it passes the
-canaries the grader sends after every test. Whatever goes wrong because of the student's
+by the runtime observer in the student's process, whose reports reach the grader on a channel
+the student cannot take them back from (every forbidden call while a test runs counts, whoever's
+code made it), believed only while the canaries the grader sends after every test come back. Whatever goes wrong because of the student's
 output is their failed test, never a retried grading error.
 
 Hidden cases use `seed`, fresh for every grading run (set after the parameters cell, in the
@@ -162,8 +163,7 @@ def _run_test(test, trusted: dict, spec: LabSpec, student: _Student, banned: str
               plan: list | None = None) -> TestOutcome:
     if banned:
         return TestOutcome(test.grade_id, test.points, 0.0, banned)
-    student.session.forbidden.clear()
-    student.session.intact = True
+    student.sandbox.read_reports()   # what the cells or an earlier test's canaries reported: not this test's
     ns = dict(trusted)
     ns.update({name: RemoteObject(student.session, name, name) for name in spec.student_names})
     out = io.StringIO()
@@ -183,8 +183,8 @@ def _run_test(test, trusted: dict, spec: LabSpec, student: _Student, banned: str
             message = f"{type(exc).__name__}: {exc} ({_where(exc, test.grade_id)})"
     finally:
         checks._grading_session = None
-    hits = set(student.session.forbidden)
-    tampered = _observer_failed(student, plan or [])
+    hits, sound = student.sandbox.read_reports() if student.sandbox.proc is not None else (set(), True)
+    tampered = _observer_failed(student, plan or [], sound)
     if hits:  # the reason for the zero, whatever else went wrong
         message = f"your code called {', '.join(sorted(hits))}, which this lab forbids" + (f" ({message})" if message else "")
     elif tampered:
@@ -197,23 +197,27 @@ def _run_test(test, trusted: dict, spec: LabSpec, student: _Student, banned: str
                        message[:MAX_MESSAGE], out.getvalue()[-MAX_MESSAGE:])
 
 
-def _observer_failed(student: _Student, plan: list) -> str:
-    """Why the runtime observer cannot be believed after this test ("" when it passed): every
-    planned canary must come back as seen, with a fresh seed so no answer can be prepared."""
-    if not plan or student.sandbox.proc is None:
+def _observer_failed(student: _Student, plan: list, sound: bool = True) -> str:
+    """Why the runtime observer cannot be believed after this test ("" when it passed): its
+    channel must be intact (`sound`: open, nothing but reports on it) and every planned canary's
+    report must reach the grader, with a fresh seed so no answer can be prepared. What else
+    arrives meanwhile is not counted: the canaries are the grader's calls."""
+    if student.sandbox.proc is None:
         return ""
-    if not student.session.intact:
-        return ("the grader's forbidden-API observer was removed while your code ran (tampering): "
-                "this test scores 0")
+    if not sound:
+        return ("the grader's forbidden-API observer channel was closed or written to by your code "
+                "(tampering): this test scores 0")
+    if not plan:
+        return ""
     try:
-        seen = student.session.request("canary", "the forbidden-API check", plan=plan, seed=new_seed())
+        student.session.request("canary", "the forbidden-API check", plan=plan, seed=new_seed())
     except Exception as exc:  # noqa: BLE001 - the student's process failed to answer: their outcome
         return f"the grader's forbidden-API check could not run in your process ({exc}): this test scores 0"
-    if not isinstance(seen, list) or len(seen) != len(plan) or not all(s is True for s in seen):
-        missing = sorted({plan[i][0] for i in range(len(plan))
-                          if not isinstance(seen, list) or i >= len(seen) or seen[i] is not True})
+    reported, sound = student.sandbox.read_reports()
+    missing = sorted({entry for entry, _, _ in plan if entry not in reported})
+    if missing or not sound:
         return ("the grader's forbidden-API observer stopped seeing calls in your process (canary for "
-                f"{', '.join(missing)} missing; tampering?): this test scores 0")
+                f"{', '.join(missing) or 'the channel'} missing; tampering?): this test scores 0")
     return ""
 
 

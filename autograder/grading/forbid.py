@@ -828,11 +828,13 @@ def static_uses(source: str, forbid: list[str], own: set[str] | None = None) -> 
 
 
 class Tripwires:
-    """Wrap forbidden callables in this process so that calling them from the student's code is
-    recorded in `hits` (library code calling them, e.g. camplib's own internals, is not)."""
+    """Wrap forbidden callables in this process so that every call is reported: to `report`
+    (the observer's channel, autograder.grading.observe) or, without one, into `hits`. Whoever
+    calls them, camplib's own internals included, in the student's process it is their call."""
 
-    def __init__(self, forbid: list[str]):
+    def __init__(self, forbid: list[str], report=None):
         self.hits: set[str] = set()
+        self.report = report or self.hits.update
         self.originals: dict[str, object] = {}
         for entry in forbid:
             try:
@@ -862,14 +864,12 @@ class Tripwires:
             setattr(owner, attr, self._wrap(original, entry))
 
     def _wrap(self, obj, entry: str):
-        from .observe import called_by_student
-        hits = self.hits
+        report, message = self.report, (entry,)
         if inspect.isclass(obj):
             original_init = obj.__init__
 
             def __init__(self_, *args, **kwargs):
-                if called_by_student():
-                    hits.add(entry)
+                report(message)
                 original_init(self_, *args, **kwargs)
             try:
                 return type(obj.__name__, (obj,), {"__init__": __init__, "__module__": obj.__module__,
@@ -878,8 +878,7 @@ class Tripwires:
                 return obj
 
         def wrapper(*args, **kwargs):
-            if called_by_student():
-                hits.add(entry)
+            report(message)
             return obj(*args, **kwargs)
         wrapper.__name__ = getattr(obj, "__name__", "wrapped")
         return wrapper

@@ -1,35 +1,56 @@
-"""The runtime half of the forbidden-API check, inside the student's process: what their code
-actually called, whatever name it used.
+"""The runtime half of the forbidden-API check, inside the student's process: what ran there,
+whatever name it used, whichever thread or forked child ran it, whoever's frames called it.
 
-Two layers: `Tripwires` (autograder.grading.forbid) on the forbidden Python names, and a
-TorchDispatchMode that sees every aten operator, so `torch.ops.aten._softmax`,
-`torch._C._nn.scaled_dot_product_attention` or a Tensor method all land on the operators the
-forbidden entry maps to (`ops_for`). A hit counts only when the innermost caller outside torch
-and the standard library is the student's code, never camplib's or the grader's own.
+Whatever runs in the student's process is the student's answer: the course's own helpers that
+the grader runs there (`make` targets, `checks.forward_backward`), a course function the student
+assigned to an exercise's name, a callable they handed to one of those helpers. So no call is
+exempt by frame or module; the grader decides which reports count (those that arrive while one
+of its tests runs, autograder.grading.engine).
 
-This process belongs to the student, so nothing here is trusted on its own: the grader sends
-canaries (`canary_plan`) after each test and requires every armed layer to report them; a
-missing canary means the observer was tampered with. The static scan (forbid.py) is the
-primary check.
+Two layers, both process-wide and armed before any of the student's code runs:
+- `Tripwires` (autograder.grading.forbid) on the forbidden Python names of libraries (torch,
+  peft, ...: `runtime_entries`). The course's own modules (camplib) are not wired: the static
+  scan sees every name that reaches them, and the course's runners that a test starts in this
+  process (camplib.parallel.context_run, zero_run, ...) build on them;
+- kernels at the operator dispatcher (`torch.library`) for every aten operator that implements a
+  forbidden entry (`ops_for`): on every backend key with a kernel, and on the composite key of
+  operators that decompose before reaching a backend (sdpa's math path). Each reports, then calls
+  the kernel it replaced with the same dispatch keys, so results are bit for bit torch's own.
+  The dispatcher is one table for the process: every thread and thread pool, every forked child
+  or process pool (fork copies it), operators the student registers with `torch.library` that
+  call aten operators, a direct `redispatch` to a backend key: all reach these kernels.
+  (No new interpreter starts: the sandbox refuses `execve`, autograder.isolation.seccomp.)
+
+Every hit is written at once to `Reporter`'s socket, whose other end only the trusted grader
+holds: inherited by forked children, it cannot be read back from this side (a socket, unlike a
+pipe, cannot be reopened through /proc), so a report cannot be taken back. The grader sends
+canaries (`canary_plan`) after each test and requires every planned report to arrive: a closed,
+replaced or flooded socket, or a layer removed, fails the test as tampering. The static scan
+(forbid.py) is the primary check.
 """
 from __future__ import annotations
 
 import os
-import sys
+import socket
 import sysconfig
+import warnings
 from functools import lru_cache
 
 import torch
 
 from .forbid import Rules, Tripwires, _resolve, _rules, alias_of
 
-CANARY_FILE = "<camp canary>"   # a frame that counts as the student's, like their own cells
+CANARY_FILE = "<camp canary>"
+MAX_REPORT = 4096   # bytes of one report: one atomic message
+RUNTIME_KEY_PREFIXES = ("", "Sparse", "SparseCsr", "Quantized", "NestedTensor")
+RUNTIME_BACKENDS = ("CPU", "CUDA", "XPU", "MPS", "HPU", "PrivateUse1")
 
 
 @lru_cache(maxsize=1)
 def _dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(pass-through: torch, the standard library, installed packages and the observer's own
-    wrappers; the course's own code: camplib and the grader)."""
+    """(torch, the standard library, installed packages and the observer's own files; the course's
+    own code: camplib and the grader). Only for showing a student their own traceback frames:
+    never evidence of who called what."""
     paths = sysconfig.get_paths()
     through = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
     through.add(os.path.dirname(torch.__file__))
@@ -41,18 +62,9 @@ def _dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(os.path.join(p, "") for p in through) + ours, tuple(os.path.join(p, "") for p in course)
 
 
-def called_by_student(depth: int = 2) -> bool:
-    """True when the innermost frame outside torch/stdlib/installed packages (starting `depth`
-    frames up) is the student's code: a cell, a file of theirs, exec'd text, a canary."""
-    through, course = _dirs()
-    frame = sys._getframe(depth)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if name.startswith(through) or name.startswith("<frozen"):
-            frame = frame.f_back
-            continue
-        return not name.startswith(course)
-    return False
+def runtime_entries(forbid) -> list[str]:
+    """The entries the runtime tripwires watch (and the canaries check): all but the course's own."""
+    return [e for e in forbid if e.split(".")[0] != "camplib"]
 
 
 @lru_cache(maxsize=32)
@@ -69,91 +81,121 @@ def ops_for(forbid: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     return mapping
 
 
-class _OpObserver(torch.utils._python_dispatch.TorchDispatchMode):
-    """Notes every aten operator the student's code reaches that implements a forbidden entry."""
+# -- reporting ----------------------------------------------------------------------------------
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # torch would wrap __torch_dispatch__ in its disable-dynamo decorator, whose first call
-        # imports torch._dynamo and sympy: ~2 s in every student process. We keep dynamo out of
-        # the observer ourselves, and only once something has imported it (torch.compile does).
-        return False
-
-    def __init__(self, ops: dict[str, tuple[str, ...]], hits: set[str]):
-        super().__init__()
-        self.ops, self.hits = ops, hits
-        self.seen: dict[object, tuple[str, ...]] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if "torch._dynamo" in sys.modules:      # compiling may be under way: never traced
-            return (_OUTSIDE_DYNAMO or _observe_outside_dynamo())(self, func, args, kwargs)
-        return self._observe(func, args, kwargs)
-
-    def _observe(self, func, args, kwargs):
-        entries = self.seen.get(func)
-        if entries is None:
-            entries = self.seen[func] = self.ops.get(func.__name__.split(".")[0], ()) if func.namespace == "aten" else ()
-        if entries and called_by_student():
-            self.hits.update(entries)
-        return func(*args, **(kwargs or {}))
+def report_channel() -> tuple[socket.socket, socket.socket]:
+    """(the grader's end, the student's end): a datagram-like socket pair, one report a message."""
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
 
-_OUTSIDE_DYNAMO = None
+class Reporter:
+    """The student side of the channel: `report(entries)` sends one message, never blocking (a
+    full channel already holds reports: a dropped one changes no grade)."""
+
+    def __init__(self, fd: int | None):
+        self.sock = socket.socket(fileno=fd) if fd is not None else None
+
+    def __call__(self, entries) -> None:
+        if self.sock is None:
+            return
+        try:
+            self.sock.send("\n".join(entries).encode()[:MAX_REPORT], socket.MSG_DONTWAIT)
+        except OSError:
+            pass   # closed or replaced by the student's code: the canaries will not arrive
 
 
-def _observe_outside_dynamo():
-    global _OUTSIDE_DYNAMO
-    import torch._dynamo
-    _OUTSIDE_DYNAMO = torch._dynamo.disable(_OpObserver._observe, recursive=True)
-    return _OUTSIDE_DYNAMO
+def read_reports(sock: socket.socket, known, limit: int = 100000) -> tuple[set[str], bool]:
+    """(entries reported, whether every message was a well-formed report of `known` entries and
+    the student's end is still open) from the grader's end, without blocking: what arrived since
+    the last read."""
+    entries: set[str] = set()
+    clean = True
+    for _ in range(limit):
+        try:
+            data = sock.recv(MAX_REPORT + 1, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            break
+        except OSError:
+            return entries, False
+        if not data:
+            return entries, False   # the student's end was closed, everywhere
+        try:
+            entries.update(data.decode("utf-8").split("\n"))
+        except UnicodeDecodeError:
+            clean = False
+    unknown = entries - set(known)
+    return entries - unknown, clean and not unknown
+
+
+# -- the dispatcher layer -----------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _runtime_keys() -> tuple[str, ...]:
+    keys = []
+    for prefix in RUNTIME_KEY_PREFIXES:
+        for backend in RUNTIME_BACKENDS:
+            try:
+                torch._C._dispatch_has_computed_kernel_for_dispatch_key("aten::add.Tensor", prefix + backend)
+            except RuntimeError:
+                continue
+            keys.append(prefix + backend)
+    return tuple(keys)
+
+
+def _kernel(original, message: tuple[str, ...], report):
+    def kernel(keyset, *args, **kwargs):
+        report(message)
+        return original.call_boxed(keyset, *args, **kwargs)
+    return kernel
+
+
+def arm_dispatcher(ops: dict[str, tuple[str, ...]], report) -> torch.library.Library | None:
+    """Report-then-original kernels for `ops` in this process's dispatcher (see the module's
+    docstring). Keep the returned library alive: dropping it restores torch's own kernels."""
+    if not ops:
+        return None
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():   # "overriding a previously registered kernel": on purpose
+        warnings.simplefilter("ignore")
+        for op, entries in ops.items():
+            for overload in getattr(torch.ops.aten, op).overloads():
+                name = op if overload == "default" else f"{op}.{overload}"
+                qualified = "aten::" + name
+                composite = torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeImplicitAutograd")
+                if composite:
+                    # decomposes above the backends: one kernel for every key, around the original
+                    # (a backend kernel of its own would take autograd's place: never added)
+                    original = torch.library.get_kernel(qualified, "AutogradCPU")
+                    lib.impl(name, _kernel(original, entries, report), "CompositeImplicitAutograd", with_keyset=True)
+                for key in _runtime_keys():
+                    if (torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key) if composite
+                            else torch._C._dispatch_has_computed_kernel_for_dispatch_key(qualified, key)):
+                        original = torch.library.get_kernel(qualified, key)
+                        lib.impl(name, _kernel(original, entries, report), key, with_keyset=True)
+    return lib
 
 
 class Observer:
-    """Both layers for one lab's forbidden list; `hits` collects what one request called."""
+    """Both layers for one lab's forbidden list, armed for the life of this process."""
 
-    def __init__(self, forbid: list[str]):
-        self.tripwires = Tripwires(forbid)
-        self.hits = self.tripwires.hits
-        self.ops = ops_for(tuple(forbid))
-        self.mode = _OpObserver(self.ops, self.hits) if self.ops else None
-        self.intact = True
+    def __init__(self, forbid: list[str], report):
+        self.report = report
+        self.tripwires = Tripwires(runtime_entries(forbid), report)
+        self.library = arm_dispatcher(ops_for(tuple(forbid)), report)
 
-    def reset(self) -> None:
-        self.hits.clear()
-
-    def run(self, fn, *args):
-        """fn(*args) with the dispatch layer watching; notes if the student's code removed it."""
-        if self.mode is None:
-            return fn(*args)
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
-        self.mode.__enter__()
-        try:
-            return fn(*args)
-        finally:
-            if _get_current_dispatch_mode() is not self.mode:
-                self.intact = False
-            try:
-                self.mode.__exit__(None, None, None)
-            except Exception:
-                self.intact = False
-
-    def canary(self, plan: list, seed: int) -> list[bool]:
-        """Run each planned canary call as the student's code would; which ones were seen."""
-        seen = []
+    def canary(self, plan: list, seed: int) -> None:
+        """Run each planned canary call as the student's code would; the reports they make go to
+        the grader on the channel (nothing this process says about them is believed)."""
         for entry, way, index in plan:
-            self.reset()
             try:
                 fn = _canary_target(entry, way, self.tripwires)
-                self.run(_canary_call, fn, canary_args(index, seed))
+                _canary_call(fn, canary_args(index, seed))
             except Exception:
                 pass
-            seen.append(entry in self.hits)
-        self.reset()
-        return seen
 
 
 def _canary_target(entry: str, way: str, tripwires: Tripwires):
-    if way == "dispatch":   # the original function, past any Python wrapper: only the dispatch layer sees it
+    if way == "dispatch":   # the original function, past any Python wrapper: only the dispatcher sees it
         return tripwires.originals.get(entry) or _resolve.__wrapped__(entry)
     return _resolve.__wrapped__(entry)  # as the student would name it now (not the cached one)
 
@@ -177,6 +219,24 @@ def _canary_call(fn, args):
     return namespace["result"]
 
 
+class _OpsReached(torch.utils._python_dispatch.TorchDispatchMode):
+    """For planning canaries in the trusted process only (which never arms the dispatcher): the
+    forbidden entries whose aten operators a call reaches below autograd."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False   # no dynamo import (~2 s) for planning
+
+    def __init__(self, ops: dict[str, tuple[str, ...]]):
+        super().__init__()
+        self.ops, self.hits = ops, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "aten":
+            self.hits.update(self.ops.get(func.__name__.split(".")[0], ()))
+        return func(*args, **(kwargs or {}))
+
+
 @lru_cache(maxsize=32)
 def canary_plan(forbid: tuple[str, ...]) -> tuple[tuple[str, str, int], ...]:
     """(entry, way, argument set) for each canary the grader requires after a test, decided in
@@ -187,21 +247,29 @@ def canary_plan(forbid: tuple[str, ...]) -> tuple[tuple[str, str, int], ...]:
     ops = ops_for(forbid)
     entries_with_ops = {e for es in ops.values() for e in es}
     plan = []
-    for entry in rules.callables:
+    for entry in runtime_entries(rules.callables):
         fn = _resolve(entry)
         if fn is None or not callable(fn):
             continue
         for index in range(N_CANDIDATES):
-            hits: set[str] = set()
             try:
-                with _OpObserver(ops, hits):
+                with _OpsReached(ops) as mode:
                     _canary_call(fn, canary_args(index, 0))
             except Exception:
                 continue
-            if entry in entries_with_ops and entry not in hits:
+            if entry in entries_with_ops and entry not in mode.hits:
                 continue
             plan.append((entry, "name", index))
             if entry in entries_with_ops:
                 plan.append((entry, "dispatch", index))
             break
     return tuple(plan)
+
+
+def arm(forbid: list[str], report_fd: int | None) -> Observer:
+    """The student process's observer, reporting on the inherited descriptor `report_fd`."""
+    return Observer(forbid, Reporter(report_fd))
+
+
+__all__ = ["Observer", "Reporter", "arm", "arm_dispatcher", "canary_plan", "ops_for", "read_reports",
+           "report_channel"]

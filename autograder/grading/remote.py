@@ -25,13 +25,11 @@ _AS_STUDENT = {cls.__name__: type(f"Student{cls.__name__}", (StudentError, cls),
 
 
 class Session:
-    """A connection to the student's process, recording forbidden calls seen during requests and
-    whether the observer there stayed in place (`intact`)."""
+    """A connection to the student's process (its forbidden calls reach the grader on their own
+    channel: `Sandbox.read_reports`)."""
 
     def __init__(self, sandbox: Sandbox, deadline: float | None = None):
         self.sandbox, self.deadline = sandbox, deadline
-        self.forbidden: set[str] = set()
-        self.intact = True
 
     def request(self, op: str, label: str, **fields):
         payload = {}
@@ -50,11 +48,6 @@ class Session:
             header, out = self.sandbox.request({"op": op, **payload}, tensors, timeout=timeout)
         except StudentCrashed as exc:
             raise StudentError(f"{label}: {exc}") from None
-        forbidden = header.get("forbidden", [])
-        if isinstance(forbidden, list):
-            self.forbidden.update(f for f in forbidden[:100] if isinstance(f, str))
-        if header.get("observer_intact") is False:
-            self.intact = False
         if not header.get("ok"):
             error = _AS_STUDENT.get(str(header.get("error_type") or ""), StudentError)
             where = _last_student_frames(header.get("traceback"))

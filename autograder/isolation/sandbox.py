@@ -258,9 +258,22 @@ class Sandbox:
         self.budget: cgroups.Budget | None = None
         self.starved = False   # a timeout happened while the sandbox got little CPU (re-run it alone)
         self._starts = 0
+        self.reports = None    # the grader's end of the observer's channel (autograder.grading.observe)
+        self._report_fd = -1   # the student's end, handed to the process at start
 
     def _runner(self) -> list[str]:
-        return python_module("autograder.isolation.student_process", json.dumps({"forbid": self.forbid}))
+        # no new program may start in the sandbox; outside one (a student's own `camp check`) where the kernel allows
+        no_exec = "required" if self.isolation != "none" else "try" if seccomp.supported() else None
+        config = {"forbid": self.forbid, "report_fd": self._report_fd, "no_exec": no_exec}
+        return python_module("autograder.isolation.student_process", json.dumps(config))
+
+    def read_reports(self) -> tuple[set[str], bool]:
+        """(forbidden entries the student's process reported since the last read, whether the
+        channel is still sound: every message a report, the student's end still open)."""
+        from ..grading.observe import read_reports
+        if self.reports is None:
+            return set(), False
+        return read_reports(self.reports, self.forbid)
 
     def command(self, seccomp_fd: int) -> list[str]:
         lim = self.limits
@@ -276,17 +289,23 @@ class Sandbox:
         self.close()
         self._starts += 1
         self.staging.mkdir(parents=True, exist_ok=True)
+        from ..grading.observe import report_channel
+        self.reports, student_end = report_channel()
+        self.reports.setblocking(False)
+        self._report_fd = student_end.fileno()
         log_fd = open_log(self.log)
         try:
             if self.isolation == "none":
                 self.proc = subprocess.Popen(self._runner(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              stderr=log_fd, cwd=self.staging,
                                              env=sandbox_env(self.staging, self.staging, self.threads),
-                                             start_new_session=True, preexec_fn=functools.partial(_limit_self, self.limits))
+                                             start_new_session=True, pass_fds=(self._report_fd,),
+                                             preexec_fn=functools.partial(_limit_self, self.limits))
             else:
                 self._start_bwrap(log_fd)
         finally:
             os.close(log_fd)
+            student_end.close()   # only the student's process holds it now
         os.set_blocking(self.proc.stdout.fileno(), False)
         try:
             header, _ = self._read(time.monotonic() + 120)
@@ -310,7 +329,7 @@ class Sandbox:
         try:
             self.proc = subprocess.Popen(self.command(seccomp_fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=log_fd, cwd="/", env=sandbox_env(Path(WORK), Path("/tmp"), self.threads),
-                                         start_new_session=True, pass_fds=(seccomp_fd,),
+                                         start_new_session=True, pass_fds=(seccomp_fd, self._report_fd),
                                          preexec_fn=self.budget.join_self if self.budget else None)
         finally:
             os.close(seccomp_fd)
@@ -367,6 +386,9 @@ class Sandbox:
                 except OSError:
                     pass
             self.proc = None
+        if self.reports is not None:
+            self.reports.close()
+            self.reports = None
         if self.budget is not None:
             budget, self.budget = self.budget, None
             budget.close()

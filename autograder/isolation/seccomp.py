@@ -12,9 +12,17 @@ profile does:
   sandbox and reach the next submission graded with the same uid;
 - `bpf`, `perf_event_open`, `userfaultfd`: kernel attack surface no lab needs;
 - any other architecture's system calls (i386, x32 on x86-64): the process is killed.
+
+A second filter (`forbid_exec`), which the student's process installs on itself once it is up
+and before any of the student's code runs: `execve`/`execveat` fail with EPERM, in that process,
+its threads and every child it forks. No new interpreter (`python -c`, a spawned process pool, a
+shell) can start without the grader's observer (autograder.grading.observe); nothing a lab grades
+execs (torch.compile's C++ compiler and the fresh-process export demo run only in the GPU profile
+or in `skip-grading` cells, which the grader does not run), and code that tries gets an OSError.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import platform
 import struct
@@ -27,9 +35,11 @@ X32_SYSCALL_BIT = 0x40000000
 # architecture -> (AUDIT_ARCH value, {call name: number})
 _ARCHES = {
     "x86_64": (0xC000003E, {"unshare": 272, "clone": 56, "clone3": 435, "add_key": 248, "request_key": 249,
-                            "keyctl": 250, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323}),
+                            "keyctl": 250, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
+                            "execve": 59, "execveat": 322, "seccomp": 317}),
     "aarch64": (0xC00000B7, {"unshare": 97, "clone": 220, "clone3": 435, "add_key": 217, "request_key": 218,
-                             "keyctl": 219, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282}),
+                             "keyctl": 219, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
+                             "execve": 221, "execveat": 281, "seccomp": 277}),
 }
 DENIED = ("add_key", "request_key", "keyctl", "bpf", "perf_event_open", "userfaultfd")
 NO_NEW_USER_NAMESPACE = ("unshare", "clone")   # flags in the first argument
@@ -70,3 +80,39 @@ def filter_program(machine: str | None = None) -> bytes:
                  _stmt(RET, RET_ALLOW)]
     prog.append(_stmt(RET, RET_ALLOW))
     return b"".join(prog)
+
+
+EXEC = ("execve", "execveat")
+PR_SET_NO_NEW_PRIVS = 38
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_FILTER_FLAG_TSYNC = 1
+
+
+def no_exec_program(machine: str | None = None) -> bytes:
+    """The BPF program refusing execve and execveat (EPERM); everything else passes to the
+    sandbox's own filter, which the kernel still applies."""
+    arch, calls = _ARCHES[machine or platform.machine()]
+    prog = [_stmt(LD_ABS, 4), _stmt(JEQ, arch, jt=1), _stmt(RET, RET_KILL_PROCESS), _stmt(LD_ABS, 0)]
+    if arch == _ARCHES["x86_64"][0]:   # x32's execve (also outside the bwrap sandbox)
+        prog += [_stmt(JGE, X32_SYSCALL_BIT, jf=1), _stmt(RET, RET_KILL_PROCESS)]
+    for name in EXEC:
+        prog += [_stmt(JEQ, calls[name], jf=1), _stmt(RET, _errno(errno.EPERM))]
+    prog.append(_stmt(RET, RET_ALLOW))
+    return b"".join(prog)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+
+def forbid_exec() -> None:
+    """Install `no_exec_program` on this process and all its threads (TSYNC), for good: filters
+    cannot be removed, and children inherit them. Raises OSError where the kernel refuses."""
+    program = no_exec_program()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    fprog = _SockFprog(len(program) // 8, program)
+    number = _ARCHES[platform.machine()][1]["seccomp"]
+    if libc.syscall(number, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, ctypes.byref(fprog)) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER) failed")

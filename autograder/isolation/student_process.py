@@ -8,11 +8,14 @@ trusts anything this process computes except as "the student's answer".
 Protocol on the original stdin/stdout (the student's own prints go to the original stderr: a
 log file the grader opened outside anything the student can write):
   request  {"op": "exec"|"call"|"getattr"|"make"|"forward_backward"|"load_parameters"|"parameters"|"canary", ...}
-  response {"ok": true, "value": ..., "forbidden": [...], "observer_intact": bool} | {"ok": false, "error": "...", ...}
+  response {"ok": true, "value": ...} | {"ok": false, "error": "...", ...}
 
-Every request but `exec` runs under the forbidden-API observer (autograder.grading.observe);
-`canary` calls the forbidden APIs the grader names, so the grader can tell a working observer
-from a tampered one. Tracebacks sent back keep only the student's own frames.
+Before anything of the student's runs, the process arms the forbidden-API observer for its whole
+life (autograder.grading.observe: every thread, every forked child), which reports on the
+descriptor `report_fd` the grader handed down, and (`no_exec`: "required" in the sandbox, "try"
+outside it) refuses to start any new program (autograder.isolation.seccomp). `canary` calls the forbidden APIs the grader names, so the grader
+can tell a working observer from a tampered one by what reaches it. Tracebacks sent back keep
+only the student's own frames.
 """
 from __future__ import annotations
 
@@ -25,10 +28,10 @@ MAX_TRACEBACK = 4000
 
 
 class Runner:
-    def __init__(self, forbid: list[str]):
-        from ..grading.observe import Observer
+    def __init__(self, forbid: list[str], report_fd: int | None = None):
+        from ..grading.observe import arm
 
-        self.observer = Observer(forbid)
+        self.observer = arm(forbid, report_fd)
         self.handles: dict[int, object] = {}
         from IPython.core.interactiveshell import InteractiveShell
 
@@ -121,7 +124,8 @@ class Runner:
 
     def op_canary(self, req, tensors):
         plan = [tuple(item) for item in req.get("plan", []) if isinstance(item, list) and len(item) == 3]
-        return {"ok": True, "value": self.observer.canary(plan, int(req.get("seed", 0)))}
+        self.observer.canary(plan, int(req.get("seed", 0)))
+        return {"ok": True, "value": None}
 
     def reply(self, value, handles: bool = True):
         from ..grading.wire import encode
@@ -132,20 +136,13 @@ class Runner:
         op = getattr(self, "op_" + str(req.get("op")), None)
         if op is None:
             return {"ok": False, "error": f"unknown operation {req.get('op')!r}"}
-        self.observer.reset()
         try:
-            if req.get("op") in ("exec", "canary"):
-                response = op(req, tensors)
-            else:
-                response = self.observer.run(op, req, tensors)
+            response = op(req, tensors)
         except BaseException as exc:  # the student's exception (even SystemExit) is their answer
             response = {"ok": False, "error": student_error(exc, self.cells)[:1000],
                         "traceback": student_traceback(exc, self.cells),
                         "error_type": type(exc).__name__ if type(exc).__module__ == "builtins" else ""}
-        header, out = response if isinstance(response, tuple) else (response, {})
-        header["forbidden"] = sorted(self.observer.hits)
-        header["observer_intact"] = self.observer.intact
-        return header, out
+        return response if isinstance(response, tuple) else (response, {})
 
 
 def student_error(exc: BaseException, cells: dict | None = None) -> str:
@@ -174,7 +171,15 @@ def main() -> None:
     os.dup2(2, 1)   # prints join stderr in the grader's log (no file in the student's folder)
     sys.stdin = open(os.devnull)
     sys.path.append(os.getcwd())  # the submission's own helper modules import, but never shadow a library
-    runner = Runner(config.get("forbid", []))
+    if config.get("no_exec"):
+        from .seccomp import forbid_exec
+        try:
+            forbid_exec()
+        except OSError:
+            if config["no_exec"] == "required":
+                raise   # the process ends here, before the student's code: a grader error, retried
+
+    runner = Runner(config.get("forbid", []), config.get("report_fd"))
     write_message(proto_out, {"ok": True, "ready": True})
     while True:
         try:
@@ -185,8 +190,7 @@ def main() -> None:
         try:
             write_message(proto_out, header, out)
         except Exception as exc:  # e.g. a returned tensor safetensors cannot store
-            write_message(proto_out, {"ok": False, "error": f"could not send the result: {exc}"[:1000],
-                                      "forbidden": header.get("forbidden", [])})
+            write_message(proto_out, {"ok": False, "error": f"could not send the result: {exc}"[:1000]})
 
 
 if __name__ == "__main__":

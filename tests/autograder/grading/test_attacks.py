@@ -142,10 +142,15 @@ def graded(tmp_path_factory):
                               "def softmax(x, dim=-1):\n    print('debug', file=sys.stderr)\n"
                               "    warnings.warn('careful')\n    return _quiet(x, dim)\n"),
         # leftovers and the network
+        # (forked: the sandbox starts no new program), one of them in a session of its own
         "leftover_processes": _cell(student_notebook(LAB), "softmax",
-                                    "import subprocess, os\n"
-                                    f"subprocess.Popen(['sleep', '{MARKER}'])\n"
-                                    f"subprocess.Popen(['setsid', 'sh', '-c', 'sleep {MARKER} & sleep {MARKER}'])\n"),
+                                    "import os, time\n"
+                                    "if os.fork() == 0:\n"
+                                    "    os.setsid()\n"
+                                    "    if os.fork() == 0:\n"
+                                    f"        time.sleep({MARKER})\n"
+                                    f"    time.sleep({MARKER})\n"
+                                    "    os._exit(0)\n"),
         "network": student_notebook(LAB, {"masks": _wrong_unless(
             f"__import__('socket').create_connection(('127.0.0.1', {listener.port}), timeout=2)")}),
         # forbidden APIs, plain and obfuscated

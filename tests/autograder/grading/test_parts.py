@@ -5,6 +5,7 @@ import io
 import json
 import os
 import struct
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -14,7 +15,7 @@ from autograder.catalog import Catalog, repo_root
 from autograder.checks import case, check_close
 from autograder.course.labspec import LabSpec, defined_names
 from autograder.grading.forbid import Tripwires, alias_of, scan, static_uses
-from autograder.grading.observe import Observer, canary_plan
+from autograder.grading.observe import canary_plan
 from autograder.grading.program import build_program
 from autograder.grading.static_check import banned_tests
 from autograder.grading.wire import (
@@ -283,56 +284,131 @@ def test_a_cell_that_cannot_be_parsed_is_not_run_and_costs_no_other_exercise(tmp
     assert unparsable_cell("%time x = 1\n!ls\n") is None
 
 
-@pytest.fixture
-def observer():
-    """An Observer armed in this process, disarmed afterwards."""
+_OBSERVER_CHILD = r"""
+import json, os, sys, threading
+from concurrent.futures import ThreadPoolExecutor
+import torch
+from autograder.grading.observe import arm, canary_plan
+forbid = json.loads(sys.argv[1])
+fd = int(sys.argv[2])
+x, q = torch.randn(2, 5, dtype=torch.float64), torch.randn(1, 2, 3, 4)
+honest = {"softmax": (x - x.amax(-1, keepdim=True)).exp() / (x - x.amax(-1, keepdim=True)).exp().sum(-1, keepdim=True),
+          "sdpa": torch.nn.functional.scaled_dot_product_attention(q, q, q)}
+expected = {"sdpa_grad": None}
+qg = q.clone().requires_grad_()
+torch.nn.functional.scaled_dot_product_attention(qg, qg, qg).sum().backward()
+expected["sdpa_grad"] = qg.grad
+obs = arm(forbid, fd)                          # from here on, every call counts
+import warnings
+warnings.simplefilter("error")                 # e.g. autograd's "no autograd kernel registered"
+def mark(tag):
+    os.write(1, (tag + "\n").encode())
+    os.read(0, 1)                              # the test reads the channel, then lets us go on
+mark("armed")
+qg = q.clone().requires_grad_()
+out = torch.nn.functional.scaled_dot_product_attention(qg, qg, qg)
+out.sum().backward()
+assert torch.equal(out, honest["sdpa"]) and torch.equal(qg.grad, expected["sdpa_grad"])   # bit for bit
+mark("sdpa")
+torch.einsum("ij,kj->ik", x, x); (x.exp() / x.exp().sum(-1, keepdim=True))
+mark("honest")
+t = threading.Thread(target=lambda: torch.ops.aten._safe_softmax.default(x, -1)); t.start(); t.join()
+mark("thread")
+with ThreadPoolExecutor(2) as pool:
+    pool.submit(torch._C._nn.scaled_dot_product_attention, q, q, q).result()
+mark("pool")
+pid = os.fork()
+if pid == 0:
+    torch.ops.aten._softmax.default(x, -1, False)
+    os._exit(0)
+os.waitpid(pid, 0)
+mark("fork")
+lib = torch.library.Library("camp_test_mine", "DEF")
+lib.define("attend(Tensor q) -> Tensor")
+lib.impl("attend", lambda t: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(t, t, t)[0], "CPU")
+torch.ops.camp_test_mine.attend(q)
+mark("custom_op")
+cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+torch.ops.aten._softmax.default.redispatch(cpu, x, -1, False)
+mark("redispatch")
+obs.canary(list(canary_plan(tuple(forbid))), seed=3)
+mark("canary")
+"""
+
+
+def test_the_runtime_observer_reports_every_thread_fork_and_operator_on_the_grader_s_channel():
+    """Armed in a process of its own (it changes that process's dispatcher for good): torch's own
+    results bit for bit, honest code reports nothing, and every route to a forbidden operator
+    (another thread, a thread pool, a forked child, an operator registered with torch.library,
+    a redispatch straight to the CPU kernel) reaches the channel only the grader reads."""
+    import json
+    import subprocess
+    import sys
+
+    from autograder.grading.observe import read_reports, report_channel
+    grader, student = report_channel()
+    grader.setblocking(False)
+    proc = subprocess.Popen([sys.executable, "-c", _OBSERVER_CHILD, json.dumps(FORBID), str(student.fileno())],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(student.fileno(),), cwd=ROOT)
+    student.close()
+    seen = {}
+    try:
+        for line in proc.stdout:
+            seen[line.decode().strip()] = read_reports(grader, FORBID)
+            proc.stdin.write(b"x")
+            proc.stdin.flush()
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    softmax, sdpa = set(FORBID[3:6]), {FORBID[0]}
+    assert seen["armed"] == (set(), True)
+    assert seen["sdpa"] == (sdpa, True)
+    assert seen["honest"] == (set(), True)
+    assert seen["thread"] == (softmax, True)
+    assert seen["pool"] == (sdpa, True)
+    assert seen["fork"] == (softmax, True)
+    assert seen["custom_op"] == (sdpa, True)
+    assert seen["redispatch"] == (softmax, True)
+    assert seen["canary"] == ({e for e, _, _ in canary_plan(tuple(FORBID))}, True)
+
+
+def test_the_channel_tells_tampering_from_reports():
+    from autograder.grading.observe import Reporter, read_reports, report_channel
+    grader, student = report_channel()
+    grader.setblocking(False)
+    report = Reporter(student.fileno())
+    report(("torch.softmax",))
+    assert read_reports(grader, FORBID) == ({"torch.softmax"}, True)
+    student.send(b"not an entry")                    # anything but a report: tampering
+    assert read_reports(grader, FORBID) == (set(), False)
+    report(("torch.softmax",))
+    report.sock.close()                              # the student's end closed: tampering, and
+    assert read_reports(grader, FORBID) == ({"torch.softmax"}, False)   # what was sent stays sent
+
+
+def test_tripwires_report_every_call_whoever_calls():
+    """No exemption by frame: a forbidden function called from the course's own code (here a
+    compiled snippet that claims to be camplib) is reported like the student's own call."""
     import torch.nn.functional as F
 
-    import camplib.attention
-    saved = (F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax, torch.nn.MultiheadAttention)
-    module = dict(vars(camplib.attention))   # a forbidden module: the tripwires wrap all it defines
-    obs = Observer(FORBID)
-    yield obs
-    F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax, torch.nn.MultiheadAttention = saved
-    vars(camplib.attention).update(module)   # later tests in this worker (a model's attention) get the originals
+    import camplib
+    saved = F.scaled_dot_product_attention
+    try:
+        wires = Tripwires([FORBID[0]])
+        course_file = str(Path(camplib.__file__).parent / "fake.py")
+        q = torch.randn(1, 2, 3)
+        exec(compile("F.scaled_dot_product_attention(q, q, q)", course_file, "exec"), {"F": F, "q": q})
+        assert wires.hits == {FORBID[0]}
+    finally:
+        F.scaled_dot_product_attention = saved
 
 
-def test_the_runtime_observer_sees_operators_whatever_the_name(observer):
-    x = torch.randn(2, 5)
-    mine = lambda t: (t - t.amax(-1, keepdim=True)).exp() / (t - t.amax(-1, keepdim=True)).exp().sum(-1, keepdim=True)  # noqa: E731
-    observer.run(mine, x)
-    assert observer.hits == set()                                          # honest code: nothing
-    observer.run(lambda t: torch.ops.aten._safe_softmax.default(t, -1), x)  # no Python wrapper on this name
-    assert observer.hits == set(FORBID[3:6])
-    observer.reset()
-    q = torch.randn(1, 2, 3, 4)
-    observer.run(lambda t: torch._C._nn.scaled_dot_product_attention(t, t, t), q)
-    assert observer.hits == {FORBID[0]}
-    observer.reset()
-    import autograder.grading.observe as observe
-    _, course = observe._dirs()
-    library_code = compile("y = x.softmax(-1)", course[0] + "fake.py", "exec")   # camplib's own call, not theirs
-    observer.run(exec, library_code, {"x": x})
-    assert observer.hits == set()
-
-
-def test_canaries_come_back_only_while_the_observer_is_in_place(observer):
-    import torch.nn.functional as F
-    from torch.utils._python_dispatch import _pop_mode
+def test_canaries_are_planned_in_the_trusted_process_without_arming_it():
     plan = list(canary_plan(tuple(FORBID)))
     assert {e for e, _, _ in plan} == {FORBID[0], FORBID[1], *FORBID[3:6]}    # camplib.attention is a module
-    assert all(observer.canary(plan, seed=7))
-    F.scaled_dot_product_attention = observer.tripwires.originals[FORBID[0]]   # a wrapper removed
-    seen = observer.canary(plan, seed=8)
-    assert seen[plan.index((FORBID[0], "name", plan[0][2]))] is True            # ... the dispatch layer still sees it
-    observer.mode = None                                                        # and the dispatch layer gone too
-    seen = observer.canary(plan, seed=9)
-    assert seen[plan.index((FORBID[0], "name", plan[0][2]))] is False
-    armed = Observer.__new__(Observer)
-    armed.__dict__.update(observer.__dict__)
-    armed.mode = observer.__class__(FORBID).mode
-    armed.run(lambda: _pop_mode())                 # the student's code pops the mode while it runs
-    assert armed.intact is False
+    assert {w for _, w, _ in plan} == {"name", "dispatch"}
+    x = torch.randn(3)
+    assert torch.equal(torch.softmax(x, 0), torch.ops.aten._softmax.default(x, 0, False))   # nothing armed here
 
 
 def test_wire_bounds_what_a_hostile_frame_can_cost():
@@ -394,32 +470,3 @@ def test_starting_the_grading_fork_server_leaves_the_callers_environment_alone(m
     monkeypatch.delenv("MPLBACKEND", raising=False)
     start_fork_server([])
     assert "MPLBACKEND" not in os.environ
-
-
-_OBSERVER_IN_A_FRESH_PROCESS = r"""
-import sys, warnings
-warnings.simplefilter("error")
-import torch
-from autograder.grading.observe import Observer, canary_plan, _OpObserver, ops_for
-forbid = ("torch.softmax", "torch.nn.functional.scaled_dot_product_attention")
-obs = Observer(list(forbid))
-assert all(obs.canary(list(canary_plan(forbid)), seed=3))
-print("dynamo after canaries:", "torch._dynamo" in sys.modules)
-compiled = torch.compile(lambda x: torch.softmax(2 * x, -1), backend="eager")
-with _OpObserver(ops_for(forbid), set()) as mode:
-    compiled(torch.randn(3, 4))
-print("softmax seen under compile:", any("_softmax" in str(op) for op in mode.seen))
-"""
-
-
-def test_the_observer_costs_no_dynamo_import_and_stays_out_of_compiled_code():
-    """torch wraps a dispatch mode's handler in disable-dynamo, whose first call imports dynamo and
-    sympy (~2 s in every student process). The observer opts out and keeps dynamo out itself, only
-    once dynamo is loaded: a student's torch.compile still runs, warning-free, and is observed."""
-    import subprocess
-    import sys
-    run = subprocess.run([sys.executable, "-c", _OBSERVER_IN_A_FRESH_PROCESS], capture_output=True,
-                         text=True, timeout=240, cwd=ROOT)
-    assert run.returncode == 0, f"fresh-process observer check failed:\n{run.stderr[-3000:]}"
-    assert "dynamo after canaries: False" in run.stdout, run.stdout
-    assert "softmax seen under compile: True" in run.stdout, run.stdout

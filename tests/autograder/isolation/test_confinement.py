@@ -51,6 +51,22 @@ def make_files(folder, count):
         except OSError as exc:
             return i, exc.errno
     return count, 0
+def exec_errno():
+    """errno of starting /bin/true, here and in a forked child (0: it started)."""
+    import subprocess
+    try:
+        subprocess.run(["/bin/true"], check=True)
+        here = 0
+    except OSError as exc:
+        here = exc.errno
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execv("/bin/true", ["true"])
+        except OSError as exc:
+            os._exit(100 + exc.errno)
+    return [here, os.waitpid(pid, 0)[1] >> 8]
+
 def writable(path):
     try:
         with open(os.path.join(path, ".probe"), "w"):
@@ -74,6 +90,7 @@ probe = {
     "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
     "writable": {p: writable(p) for p in ["/", "/etc", "/usr", "/run", "/home", *COURSE]},
     "threads": os.environ.get("OMP_NUM_THREADS"),
+    "exec": exec_errno(),
 }
 probe["work_fill"] = fill(".")
 os.remove("fill")
@@ -115,6 +132,13 @@ def test_no_nested_user_namespace_no_mount_no_keyring(probe):
     found, _, _ = probe
     assert found["userns"] == 1 and found["mount"] == 1          # EPERM from the filter / no capability
     assert found["keyctl"] == [-1, 1]                             # add_key: EPERM
+
+
+def test_no_new_program_starts_not_even_in_a_forked_child(probe):
+    """The student's process refuses execve (autograder.isolation.seccomp): no interpreter can
+    start without the grader's observer."""
+    found, _, _ = probe
+    assert found["exec"] == [1, 101]                              # EPERM, in the child too
 
 
 def test_sees_only_the_system_the_environment_and_the_course_code(probe):
