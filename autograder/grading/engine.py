@@ -101,7 +101,7 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
         result.seconds = round(time.monotonic() - start, 2)
         return result
     student_proc = _Student(sandbox, start + sandbox.limits.notebook_seconds)
-    plan = [list(item) for item in canary_plan(tuple(forbid))] if forbid else []
+    plan = [list(item) for item in canary_plan(tuple(forbid)) if not _left_out(item[0], sandbox.hide)] if forbid else []
     started = False
     try:
         sandbox.start()     # before any student code: a failure here is the grader's, retried next run
@@ -208,6 +208,14 @@ def _observer_failed(student: _Student, plan: list) -> str:
         return ("the grader's forbidden-API observer stopped seeing calls in your process (canary for "
                 f"{', '.join(missing)} missing; tampering?): this test scores 0")
     return ""
+
+
+def _left_out(entry: str, hidden: tuple[str, ...]) -> bool:
+    """True when `entry` lives in a camplib module the sandbox leaves out (no canary can call it
+    there; the student cannot either)."""
+    from .forbid import _resolve
+    module = getattr(_resolve(entry), "__module__", None) or ""
+    return any(name == h or name.startswith(h + ".") for name in (entry, module) for h in hidden)
 
 
 def _where(exc: BaseException, grade_id: str) -> str:
