@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 
 from ..course.labspec import LabSpec
-from ..isolation.course_tree import hidden_modules
 from ..isolation.sandbox import BASE_UID, Limits, Sandbox
 from ..isolation.uids import UidLease
 from .engine import grade_submission, warm_up
@@ -60,7 +59,7 @@ def grade_job(job: dict) -> dict:
         copy_plain_files(Path(job["submission"]), staging, replace=False)
         sandbox = Sandbox(staging, isolation=job["isolation"], uid=_lease.uid if _lease else BASE_UID,
                           limits=Limits(**job["limits"]), forbid=job["forbid"], threads=job["threads"],
-                          log=job_dir / "student.log", hide=hidden_modules(job["forbid"], job["source"]))
+                          log=job_dir / "student.log", hide=tuple(job.get("hide", ())))
         result = grade_submission(spec, staging / spec.notebook, job["student"], job["lab"], sandbox, job["forbid"],
                                   seed=job.get("seed"))
         starved = sandbox.starved

@@ -11,9 +11,11 @@ runners and classes the lab's tests build there (`make("camplib....")`) and the 
 course-written cells that run there (setup and locked cells, not demos tagged `skip-grading`,
 not the student's solution cells), followed through camplib's module-level imports (an import
 inside a library function that a runner reaches, of a module the lab forbids, shows up as the
-reference solution losing points in tests/course/test_labs.py). p03's harness, say, plugs the
-library's block manager in where a test grades the student's scheduler alone, so p03's sandbox
-keeps it. `exposed(...)` names such modules.
+reference solution losing points in tests/course/test_labs.py). So do the modules the lab's
+catalog `notes` allow students to import, with what they import: an honest import never fails.
+p03's harness, say, plugs the library's block manager in where a test grades the student's
+scheduler alone, and a07 allows `camplib.quant.layers`, which imports the quantization formats:
+those sandboxes keep them. `exposed(...)` names such modules.
 
 Everything here is computed from the grader's own files (camplib's source, the lab's source
 notebook), never from the submission.
@@ -143,14 +145,30 @@ def forbidden_modules(forbid) -> set[str]:
     return {m for m in graph if any(m == e or m.startswith(e + ".") for e in named)}
 
 
-def hidden_modules(forbid, source_notebook: str | os.PathLike) -> tuple[str, ...]:
+def named_modules(text: str) -> set[str]:
+    """camplib modules (and their packages) that `text` names, e.g. a lab's catalog `notes`
+    ("`camplib.quant.layers` is yours to use")."""
+    modules = module_graph()
+    return {m for name in re.findall(rf"{PACKAGE}(?:\.\w+)+", text) for m in _modules_of(name, modules)}
+
+
+def kept_modules(forbid, source_notebook: str | os.PathLike, notes: str = "") -> set[str]:
+    """What the lab's sandbox must hold: the course's own needs there and what its `notes` allow
+    students to import (a forbidden module the notes name is named as not theirs), with
+    everything those import at module level."""
+    allowed = named_modules(notes) - forbidden_modules(forbid)
+    return closure(course_needs(str(source_notebook)) | allowed)
+
+
+def hidden_modules(forbid, source_notebook: str | os.PathLike, notes: str = "") -> tuple[str, ...]:
     """The forbidden camplib modules this lab's sandbox leaves out."""
-    return tuple(sorted(forbidden_modules(forbid) - closure(course_needs(str(source_notebook)))))
+    return tuple(sorted(forbidden_modules(forbid) - kept_modules(forbid, source_notebook, notes)))
 
 
-def exposed(forbid, source_notebook: str | os.PathLike) -> tuple[str, ...]:
-    """Forbidden camplib modules the sandbox keeps because the course's code there needs them."""
-    return tuple(sorted(forbidden_modules(forbid) & closure(course_needs(str(source_notebook)))))
+def exposed(forbid, source_notebook: str | os.PathLike, notes: str = "") -> tuple[str, ...]:
+    """Forbidden camplib modules the sandbox keeps because the course's code there needs them,
+    or a module the lab's notes allow imports them."""
+    return tuple(sorted(forbidden_modules(forbid) & kept_modules(forbid, source_notebook, notes)))
 
 
 def bwrap_binds(hidden) -> list[str]:

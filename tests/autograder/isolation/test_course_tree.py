@@ -15,7 +15,7 @@ UID = 61980
 
 def hidden(lab_id):
     lab = CATALOG.get(lab_id)
-    return course_tree.hidden_modules(lab.forbid, lab.source_path(ROOT))
+    return course_tree.hidden_modules(lab.forbid, lab.source_path(ROOT), lab.notes)
 
 
 def test_each_lab_leaves_out_the_camplib_modules_it_forbids():
@@ -27,16 +27,30 @@ def test_each_lab_leaves_out_the_camplib_modules_it_forbids():
     assert {m for m in hidden("a09") if not m.startswith("camplib.kernels.")} == {"camplib.kernels"}
 
 
+def test_what_a_labs_notes_allow_stays_with_what_it_imports():
+    """a07 lets students use `camplib.quant.layers`, which imports the formats the lab forbids:
+    leaving them out would make an honest import fail."""
+    assert hidden("a07") == ()
+    # a08's notes name its answers as not the student's: they are left out
+    assert set(hidden("a08")) == {"camplib.compress.pruning", "camplib.compress.distill"}
+    lab = CATALOG.get("a07")
+    assert {"camplib.quant.formats", "camplib.quant.nf4"} <= set(course_tree.exposed(lab.forbid, lab.source_path(ROOT), lab.notes))
+    assert course_tree.named_modules("`camplib.model.GPT` and `camplib.rope` are yours") == \
+        {"camplib", "camplib.model", "camplib.rope"}
+
+
 @pytest.mark.parametrize("lab", [lab for lab in CATALOG.ready() if course_tree.forbidden_modules(lab.forbid)],
                          ids=lambda lab: lab.id)
 def test_what_the_course_runs_in_the_sandbox_still_imports(lab):
-    """Nothing the lab's course cells import or its tests `make` needs a module left out; the
-    forbidden modules that stay are exactly those the course's own code there imports."""
+    """Nothing the lab's course cells import, its tests `make` or its notes allow needs a module
+    left out; the forbidden modules that stay are exactly those."""
     source = lab.source_path(ROOT)
-    kept = course_tree.closure(course_tree.course_needs(str(source)))
-    left_out = set(course_tree.hidden_modules(lab.forbid, source))
+    kept = course_tree.kept_modules(lab.forbid, source, lab.notes)
+    allowed = course_tree.named_modules(lab.notes) - course_tree.forbidden_modules(lab.forbid)
+    assert course_tree.course_needs(str(source)) | allowed <= kept
+    left_out = set(course_tree.hidden_modules(lab.forbid, source, lab.notes))
     assert not kept & left_out
-    assert left_out | set(course_tree.exposed(lab.forbid, source)) == course_tree.forbidden_modules(lab.forbid)
+    assert left_out | set(course_tree.exposed(lab.forbid, source, lab.notes)) == course_tree.forbidden_modules(lab.forbid)
     for module in kept:   # module-level imports of what stays never reach a module left out
         assert not course_tree.module_graph()[module] & left_out, module
 
