@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import warnings
 from functools import lru_cache
 
 import torch
@@ -193,8 +194,9 @@ def canary_plan(forbid: tuple[str, ...]) -> tuple[tuple[str, str, int], ...]:
             continue
         for index in range(N_CANDIDATES):
             hits: set[str] = set()
-            try:
-                with _OpObserver(ops, hits):
+            try:   # a trial call's deprecation warning is noise on the grader's terminal
+                with _OpObserver(ops, hits), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
                     _canary_call(fn, canary_args(index, 0))
             except Exception:
                 continue
