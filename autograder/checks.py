@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 __all__ = ["TOLERANCES", "tolerance", "check_close", "check_equal", "check_shape", "check_true", "check_finite",
-           "forward_backward", "load_parameters", "parameters_of", "make", "case"]
+           "forward_backward", "load_parameters", "parameters_of", "make", "case", "loopback_traffic"]
 
 # (atol, rtol) used when a check does not state its own. Chosen for results of a few dozen
 # floating point operations on values of order 1: fp64 keeps ~15 digits, fp32 ~7, bf16 ~3.
@@ -231,6 +231,40 @@ def make(path: str, *args: Any, **kwargs: Any):
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)(*args, **kwargs)
 
+
+
+class Traffic:
+    """What `loopback_traffic` measured: `sent`, bytes (payload and headers) put on the loopback
+    interface while its block ran; set when the block ends."""
+    sent: int = 0
+
+
+@contextmanager
+def loopback_traffic():
+    """Count the bytes sent over the loopback network while the block runs, as the kernel counts
+    them where the student's code runs:
+
+        with loopback_traffic() as wire:
+            out = make("camplib.dist.harness.run_collective", ring_all_reduce, inputs)
+        check_true("...", wire.sent >= sum(out["bytes_sent"]))
+
+    During grading the count is read by the grader, outside the student's process, from the
+    sandbox's own network namespace (nothing else talks there): ranks that really exchanged
+    data leave at least its bytes, a harness that only reports numbers leaves none. Other
+    traffic can only add, so compare it as a lower bound. In the notebook it is this machine's
+    loopback (other programs add to it too)."""
+    traffic = Traffic()
+    before = _loopback_bytes()
+    yield traffic
+    traffic.sent = _loopback_bytes() - before
+
+
+def _loopback_bytes() -> int:
+    if _grading_session is not None:
+        return _grading_session.loopback_bytes()
+    from .isolation.sandbox import loopback_sent
+    with open("/proc/self/net/dev") as f:
+        return loopback_sent(f.read())
 
 
 # In a Jupyter kernel (the lab, `camp check`, nbgrader's Validate) errors start at the student's

@@ -32,6 +32,7 @@ from ..catalog import Catalog, GradingCaps, Lab
 from ..course.labspec import LabSpec
 from ..course.nbgrader_setup import SUBMITTED, nbgrader_api, nbgrader_config, submission_folder
 from ..isolation import cgroups
+from ..isolation.course_tree import hidden_modules
 from ..isolation.sandbox import (
     Limits,
     course_paths,
@@ -312,6 +313,7 @@ def _prepare(out: Path, root: Path, lab: Lab, sub: Submission, submissions_dir: 
             "lab_files": str(lab.release_path(root).parent),
             "scratch_root": str(scratch_root), "isolation": isolation,
             "forbid": list(lab.forbid), "seed": seed, "threads": share["threads"],
+            "hide": list(hidden_modules(lab.forbid, out / "source" / lab.name / lab.notebook, lab.notes)),
             "limits": {**asdict(options.limits), "cpus": share["cpus"], "memory_mb": share["memory_mb"],
                        "cell_seconds": float(options.cell_timeout or lab.cell_timeout)}}
 

@@ -54,6 +54,12 @@ class Session:
             raise error(f"{label} raised {str(header.get('error', 'an error'))[:1000]}" + (f"\n{where}" if where else ""))
         return decode(header.get("value"), out, lambda h: RemoteObject(self, h, label.removesuffix("(...)")))
 
+    def loopback_bytes(self) -> int:
+        """The kernel's count of bytes sent on the sandbox's loopback interface (read here)."""
+        try:
+            return self.sandbox.loopback_bytes()
+        except (OSError, StudentCrashed) as exc:
+            raise StudentError(f"the bytes your ranks sent could not be counted: {exc}") from None
 
     def make(self, path: str, args, kwargs):
         return self.request("make", f"{path}(...)", path=path, args=list(args), kwargs=dict(kwargs))

@@ -59,7 +59,7 @@ def grade_job(job: dict) -> dict:
         copy_plain_files(Path(job["submission"]), staging, replace=False)
         sandbox = Sandbox(staging, isolation=job["isolation"], uid=_lease.uid if _lease else None,
                           limits=Limits(**job["limits"]), forbid=job["forbid"], threads=job["threads"],
-                          log=job_dir / "student.log")
+                          log=job_dir / "student.log", hide=tuple(job.get("hide", ())))
         result = grade_submission(spec, staging / spec.notebook, job["student"], job["lab"], sandbox, job["forbid"],
                                   seed=job.get("seed"))
         starved = sandbox.starved

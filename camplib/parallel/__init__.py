@@ -32,9 +32,17 @@ camplib.dist.on_ranks; the library modules above never import them):
 - `pipeline_bubble`: `measure_bubbles` (the bubble of `pipeline_step` on real ranks with sleeping,
   uniform stages, against (p-1)/(v*m+p-1)).
 
-No functions are defined here (the lab grader watches this package's own names): import from
-the modules.
+Nothing is defined here but the lazy re-export of `DataParallel` (the lab grader watches this
+package's own names): import from the modules. Lazy, because a lab's sandbox leaves out the
+modules the lab forbids (autograder.isolation.course_tree): b06's has no `data_parallel`, and
+its runners (`train_ranks`) must still import this package.
 """
-from .data_parallel import DataParallel
 
 __all__ = ["DataParallel"]
+
+
+def __getattr__(name: str):
+    if name == "DataParallel":
+        from .data_parallel import DataParallel
+        return DataParallel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -107,3 +107,44 @@ def test_a_sandbox_full_of_tasks_beside_it_does_not_stop_its_forks(session):
     finally:
         hog.stdin.close()
         hog.wait(30)
+
+
+SEND = '''
+import socket
+def send_over_loopback(n):
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    client.sendall(b"x" * n)
+    got = 0
+    while got < n:
+        got += len(peer.recv(1 << 16))
+    for s in (client, peer, server):
+        s.close()
+    return got
+'''
+
+
+def test_the_grader_counts_the_sandboxs_loopback_bytes_itself(session):
+    """`loopback_traffic` in a test reads the kernel's counter of the student's network namespace
+    from outside: what their code really sent, at least (TCP adds headers: 64 KiB of payload
+    takes ~2 KiB more; the handshake and closing add a few hundred bytes)."""
+    assert session.request("exec", "cell", source=SEND) is None
+    send = RemoteObject(session, "send_over_loopback", "send_over_loopback")
+    checks._grading_session = session
+    try:
+        with checks.loopback_traffic() as wire:
+            assert send(1 << 16) == 1 << 16
+        with checks.loopback_traffic() as idle:
+            pass
+    finally:
+        checks._grading_session = None
+    assert 1 << 16 <= wire.sent < (1 << 16) + 16384, wire.sent
+    if session.sandbox.isolation == "bwrap":   # nothing else talks in the sandbox's own namespace
+        assert idle.sent == 0
+
+
+def test_loopback_traffic_in_the_notebook_counts_this_machines_loopback():
+    with checks.loopback_traffic() as wire:
+        exec(SEND + "assert send_over_loopback(1000) == 1000", {})
+    assert wire.sent >= 1000

@@ -1,0 +1,174 @@
+"""Distributed labs: the course's runners (camplib.dist.harness, camplib.parallel.train_ranks,
+zero_run) run in the student's process, so what they report is the student's answer, never
+evidence. b06 and a02 submissions with blank exercises replace those runners with fakes that
+compute every answer in one process and report the bytes and calls a ring, DataParallel or ZeRO
+would have produced: from a notebook cell through names computed at run time, and from a .py file
+beside the notebook. The tests check what the grader measures itself (the bytes the kernel
+counted on the sandbox's own loopback network), so the fakes score 0 on every distributed test
+while the reference keeps full marks.
+
+Graded twice: with the lab's forbidden list, as `camp grade` does, and with none at all, so that
+the score comes from the trusted measurement alone (no static scan or observer verdict).
+Needs root and bubblewrap (the sandbox); skipped elsewhere with that reason.
+"""
+import dataclasses
+
+import nbformat
+import pytest
+
+from autograder.catalog import Catalog, repo_root
+from autograder.course.reference import student_notebook, write_submission
+from autograder.grading.grade import GradeOptions, grade
+from autograder.isolation.sandbox import namespaces_available
+from tests.support import saved_results
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not namespaces_available(), reason="the bwrap sandbox needs root and bubblewrap")]
+
+ROOT = repo_root()
+FAKED = {"b06": ["test_broadcast_parameters", "test_data_parallel", "test_ring_all_reduce", "test_ring_reduce_scatter"],
+         "a02": ["test_zero1", "test_zero2_grads"]}
+
+FAKES = '''
+import importlib
+import torch
+
+_harness = importlib.import_module("camplib.dist." + "har" + "ness")
+_train = importlib.import_module("camplib.parallel." + "train_" + "ranks")
+
+
+def _fake_collective(fn, inputs, backend=None, timeout=60.0):
+    n, size = len(inputs), inputs[0].numel() * inputs[0].element_size()
+    total = torch.stack(inputs).sum(0)
+    kind = getattr(fn, "__name__", "")
+    if kind == "ring_reduce_scatter":
+        outputs, sent = [total.reshape(-1).chunk(n)[r].clone() for r in range(n)], (n - 1) * size // n
+    elif kind == "ring_all_gather":
+        outputs, sent = [torch.cat(inputs) for _ in range(n)], (n - 1) * size
+    else:
+        outputs, sent = [total.clone() for _ in range(n)], 2 * (n - 1) * size // n
+    return {"outputs": outputs, "bytes_sent": [sent] * n, "calls": [{"send": n - 1, "recv": n - 1}] * n}
+
+
+def _fake_module(fn, world_size, model_cfg, seed=0, fn_kwargs=None, backend=None, timeout=60.0):
+    src = (fn_kwargs or {}).get("src", 0)
+    before = []
+    for r in range(world_size):
+        model = _train.build_model(model_cfg, seed + r)
+        with torch.no_grad():
+            for b in model.buffers():
+                if b.is_floating_point():
+                    b.add_(r + 1)
+        before.append({k: v.detach().clone() for k, v in [*model.named_parameters(), *model.named_buffers()]})
+    return {"before": before, "after": [dict(before[src]) for _ in range(world_size)],
+            "bytes_sent": [0] * world_size, "calls": [{"broadcast": len(before[0])}] * world_size}
+
+
+def _fake_train(wrapper, world_size, model_cfg, x, y, steps=3, lr=0.1, bucket_mb=25.0, seed=0,
+                optimizer="sgd", micro_batches=1, backend=None, timeout=60.0):
+    ref = _train.train_reference(model_cfg, x, y, steps=steps, lr=lr, seed=seed, optimizer=optimizer)
+    sizes = [p.numel() * p.element_size() for p in _train.build_model(model_cfg, 0).parameters()][::-1]
+    buckets, filled = 0, None
+    for s in sizes:
+        if filled is None or filled >= bucket_mb * 2**20:
+            buckets, filled = buckets + 1, 0
+        filled += s
+    return {"initial": [ref["initial"]] * world_size, "params": [ref["params"]] * world_size,
+            "losses": [ref["losses"]] * world_size, "timeline": [[]] * world_size,
+            "bytes_sent": [0] * world_size, "calls": [{"allreduce": steps * buckets}] * world_size}
+
+
+_zero = importlib.import_module("camplib.parallel." + "zero_" + "run")
+
+
+def _fake_optimizer(optimizer_cls, world_size, spec, data, steps, hyper=None, average_gradients=False,
+                    record_history=False, timeout=120.0):
+    model = _zero.build_model(spec)
+    opt = torch.optim.AdamW(model.parameters(), **(hyper or {}))
+    history = []
+    for s in range(steps):
+        opt.zero_grad()
+        _zero.batch_loss(model, spec, data["x"][s], data["y"][s]).backward()
+        opt.step()
+        history.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    psi = sum(p.numel() for p in model.parameters())
+    n = world_size
+    return {"history": [history] * n, "params": [history[-1]] * n, "losses": [[0.0] * steps] * n,
+            "bytes_per_step": [[4 * psi] * steps] * n, "calls_per_step": [[{}] * steps] * n,
+            "grad_bytes_held": [0] * n, "state_bytes_held": [12 * (-(-psi // n))] * n,
+            "bytes_sent": [4 * psi * steps] * n, "calls": [{}] * n}
+
+
+def _fake_shards(fn, world_size, spec, data, timeout=60.0):
+    model = _zero.build_model(spec)
+    _zero.batch_loss(model, spec, data["x"][0], data["y"][0]).backward()
+    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    size = -(-flat.numel() // world_size)
+    flat = torch.cat([flat, flat.new_zeros(size * world_size - flat.numel())])
+    return {"shards": [flat[r * size:(r + 1) * size].clone() for r in range(world_size)],
+            "grads_left": [[] for _ in range(world_size)], "bytes_sent": [4 * size] * world_size,
+            "calls": [{"_reduce_scatter_base": 1}] * world_size}
+
+
+setattr(_zero, "train_optimizer_on_" + "ranks", _fake_optimizer)
+setattr(_zero, "gradient_shards_on_" + "ranks", _fake_shards)
+setattr(_harness, "run_" + "collective", _fake_collective)
+setattr(_train, "run_on_" + "module", _fake_module)
+setattr(_train, "train_on_" + "ranks", _fake_train)
+'''
+
+
+def _after_setup(nb, source):
+    """`source` as a plain cell right after the setup cell."""
+    i = next(i for i, c in enumerate(nb.cells) if "setup" in c.metadata.get("tags", []))
+    nb.cells.insert(i + 1, nbformat.v4.new_code_cell(source))
+    return nb
+
+
+def _graded(tmp, catalog, lab):
+    subs, out = tmp / "submissions", tmp / "workspace"
+    write_submission(subs, "ada", lab, student_notebook(lab))
+    write_submission(subs, "fake_in_cell", lab, _after_setup(student_notebook(lab, solve=False), FAKES))
+    beside = write_submission(subs, "fake_beside", lab,
+                              _after_setup(student_notebook(lab, solve=False), "import helpers  # noqa"))
+    (beside.parent / "helpers.py").write_text(FAKES)
+    rows = {r.student: r for r in grade(subs, catalog, ROOT, out, lab, GradeOptions(jobs=1))}
+    return rows, saved_results(out, catalog.get(lab).name)
+
+
+def _without_forbid(catalog, lab_id):
+    labs = tuple(dataclasses.replace(lab, forbid=()) if lab.id == lab_id else lab for lab in catalog.labs)
+    return dataclasses.replace(catalog, labs=labs)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """(lab, with the lab's forbidden list?) -> (rows, saved results), each graded once."""
+    runs = {}
+
+    def run(lab, forbid):
+        if (lab, forbid) not in runs:
+            catalog = Catalog.load() if forbid else _without_forbid(Catalog.load(), lab)
+            runs[lab, forbid] = _graded(tmp_path_factory.mktemp(f"{lab}_{forbid}"), catalog, lab)
+        return runs[lab, forbid]
+    return run
+
+
+@pytest.mark.parametrize("forbid", [True, False], ids=["as_graded", "measured_only"])
+@pytest.mark.parametrize("lab", sorted(FAKED))
+def test_a_faked_harness_scores_nothing_and_the_reference_everything(graded, lab, forbid):
+    rows, details = graded(lab, forbid)
+    assert (rows["ada"].score, rows["ada"].status) == (rows["ada"].max_score, "graded") and rows["ada"].score > 0, \
+        ([t["message"] for t in details["ada"]["tests"] if t["message"]], details["ada"].get("seed"))
+    for student in ("fake_in_cell", "fake_beside"):
+        scored = {t["grade_id"]: t["score"] for t in details[student]["tests"] if t["grade_id"] in FAKED[lab]}
+        assert sorted(scored) == FAKED[lab] and set(scored.values()) == {0.0}, (student, details[student]["tests"])
+
+
+@pytest.mark.parametrize("lab", sorted(FAKED))
+def test_with_nothing_forbidden_the_kernels_byte_count_is_what_catches_the_fakes(graded, lab):
+    _, details = graded(lab, False)
+    for student in ("fake_in_cell", "fake_beside"):
+        for test in details[student]["tests"]:
+            if test["grade_id"] in FAKED[lab]:
+                assert "the kernel counted" in test["message"], (student, test)
