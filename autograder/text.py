@@ -6,8 +6,11 @@ quote student code) passes through one of the functions below before a person se
 """
 from __future__ import annotations
 
+import csv
 import html
+import os
 import unicodedata
+from pathlib import Path
 
 # control (Cc), format incl. bidi overrides and zero-width (Cf), lone surrogates from undecodable
 # file names (Cs), private use (Co), unassigned (Cn), line/paragraph separators (Zl, Zp)
@@ -55,6 +58,17 @@ def csv_cell(value: object) -> object:
     if s.startswith(_FORMULA_STARTS) or s.lstrip(" ").startswith(_FORMULA_STARTS):
         s = "'" + s
     return inert(s)
+
+
+def write_inert_csv(path: Path, header: list[str], rows) -> None:
+    """A CSV a spreadsheet can open safely: every cell through `csv_cell`, written to a temporary
+    file and moved into place, so a reader never sees half a sheet."""
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows([csv_cell(v) for v in row] for row in rows)
+    os.replace(tmp, path)
 
 
 def html_text(text: object, limit: int | None = None, keep: str = "") -> str:

@@ -49,3 +49,12 @@ def saved_results(workspace: Path, lab_name: str) -> dict[str, dict]:
 def failed_tests(results: dict[str, dict], student: str) -> list[str]:
     """grade_ids of the tests `student` failed (sorted), from `saved_results`."""
     return sorted(t["grade_id"] for t in results[student]["tests"] if t["message"])
+
+
+B01_POINTS = {"test_softmax": 2, "test_masks": 2, "test_sdpa": 4, "test_mha": 4}
+
+
+def assert_b01_loses_exactly(rows: dict, results: dict[str, dict], student: str, failed: list[str]) -> None:
+    """`student`'s b01 submission failed exactly the tests `failed` and lost exactly their points."""
+    assert failed_tests(results, student) == failed, results[student]["tests"]
+    assert rows[student].score == sum(B01_POINTS.values()) - sum(B01_POINTS[t] for t in failed)

@@ -1,17 +1,15 @@
 """grades.csv, the grade sheet: one row per (student, lab), safe to open in a spreadsheet.
 
-Every text cell goes through `text.csv_cell` (control characters made visible, formula-looking
+Every text cell goes through `text.csv_cell` (`text.write_inert_csv`) (control characters made visible, formula-looking
 cells quoted as OWASP recommends), and the file is replaced atomically so a reader never sees
 half a sheet.
 """
 from __future__ import annotations
 
-import csv
-import os
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
-from ..text import csv_cell
+from ..text import write_inert_csv
 
 
 @dataclass
@@ -35,10 +33,4 @@ COLUMNS = [f.name for f in fields(GradeRow)]
 
 
 def write_grades_csv(rows: list[GradeRow], path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(COLUMNS)
-        for row in rows:
-            writer.writerow([csv_cell(v) for v in astuple(row)])
-    os.replace(tmp, path)
+    write_inert_csv(path, COLUMNS, (astuple(row) for row in rows))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import bisect
 import csv
 import io
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from ..grading.program import build_program
 from ..grading.static_check import course_sources, submission_files
 from ..grading.uploads import read_notebook
 from ..grading.uploads.files import read_bounded
-from ..text import csv_cell, html_text
+from ..text import html_text, write_inert_csv
 from .feedback import CSP
 
 NOISE = 25             # shortest match counted, in tokenized characters (copydetect's default)
@@ -424,16 +423,13 @@ COLUMNS = ["lab", "student", "other", "kind", "similarity", "other_similarity", 
 
 
 def _write_csv(reports: list[LabReport], path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(COLUMNS)
+    def rows():
         for r in reports:
             for m in r.matches:
                 lines = "; ".join(f"{a} = {b}" for a, _, b, _ in m.blocks)
-                writer.writerow([csv_cell(v) for v in (m.lab, m.student, m.other, m.kind, round(m.similarity, 3),
-                                                       round(m.other_similarity, 3), m.overlap, lines[:2000])])
-    os.replace(tmp, path)
+                yield (m.lab, m.student, m.other, m.kind, round(m.similarity, 3), round(m.other_similarity, 3),
+                       m.overlap, lines[:2000])
+    write_inert_csv(path, COLUMNS, rows())
 
 
 def summary_line(out: Path) -> str:

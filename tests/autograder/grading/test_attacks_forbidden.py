@@ -17,7 +17,7 @@ from autograder.course.reference import (
 )
 from autograder.grading.grade import GradeOptions, grade
 from autograder.isolation.sandbox import namespaces_available
-from tests.support import failed_tests, saved_results
+from tests.support import assert_b01_loses_exactly, saved_results
 
 pytestmark = pytest.mark.slow
 
@@ -197,9 +197,7 @@ def _message(details, student, test):
 @pytest.mark.parametrize("student", sorted(EXPECTED_FAILED))
 def test_each_attack_costs_exactly_its_tests(graded, student):
     rows, details = graded
-    assert failed_tests(details, student) == EXPECTED_FAILED[student], details[student]["tests"]
-    points = {"test_softmax": 2, "test_masks": 2, "test_sdpa": 4, "test_mha": 4}
-    assert rows[student].score == 12 - sum(points[t] for t in EXPECTED_FAILED[student])
+    assert_b01_loses_exactly(rows, details, student, EXPECTED_FAILED[student])
 
 
 @pytest.mark.parametrize("student, fragment", [
