@@ -9,11 +9,11 @@ test_attacks_isolation.
 """
 import csv
 import json
+import os
 import socket
 import subprocess
 import sys
 import threading
-import time
 
 import nbformat
 import pytest
@@ -179,21 +179,20 @@ def graded(tmp_path_factory):
 
     options = GradeOptions(jobs=2, cell_timeout=15)
     rows = grade(subs, Catalog.load(), ROOT, out, None, options)
-    graded_by = time.time()   # the grading workers (and the uids they leased) are gone from here on
     listener.stop = True
     results = {r.student: r for r in rows}
     details = saved_results(out, "b01_attention")
-    return out, results, details, listener, graded_by
+    return out, results, details, listener
 
 
 def test_honest_student_is_unaffected_by_everyone_else(graded):
-    _, rows, details, _, _ = graded
+    _, rows, details, _ = graded
     assert (rows["ada"].score, rows["ada"].max_score, rows["ada"].status) == (12, 12, "graded")
 
 
 @pytest.mark.parametrize("student", ["fake_eq", "shadow"])
 def test_tests_run_outside_the_students_interpreter(graded, student):
-    _, rows, details, _, _ = graded
+    _, rows, details, _ = graded
     assert rows[student].score == 10 and failed_tests(details, student) == ["test_masks"]
 
 
@@ -201,26 +200,26 @@ def test_replacing_library_functions_is_tampering(graded):
     """The tests run outside the student's interpreter, but the course's helpers (harnesses,
     runners) run inside it: a submission that replaces library functions in its own process
     changes what they report, so any such write costs every test, with the line."""
-    _, rows, details, _, _ = graded
+    _, rows, details, _ = graded
     assert rows["patch_checks"].score == 0 and rows["patch_checks"].status == "graded"
     message = next(t["message"] for t in details["patch_checks"]["tests"] if t["grade_id"] == "test_mha")
     assert "line 2: assigns to autograder.checks.check_close" in message and "tampering" in message, message
 
 
 def test_fake_eq_is_reported_as_ungradable_value(graded):
-    _, _, details, _, _ = graded
+    _, _, details, _ = graded
     message = next(t["message"] for t in details["fake_eq"]["tests"] if t["grade_id"] == "test_masks")
     assert "cannot be graded" in message or "expected a tensor" in message
 
 
 @pytest.mark.parametrize("student", ["read_solutions", "read_gradebook", "read_relative", "read_git"])
 def test_solutions_gradebook_and_other_students_are_unreadable(graded, student):
-    _, rows, details, _, _ = graded
+    _, rows, details, _ = graded
     assert failed_tests(details, student) == ["test_masks"] and rows[student].score == 10
 
 
 def test_gradebook_cannot_be_written(graded):
-    out, rows, _, _, _ = graded
+    out, rows, _, _ = graded
     assert rows["write_gradebook"].score == 0
     with open(out / "grades.csv") as f:
         sheet = {r["student"]: float(r["score"]) for r in csv.DictReader(f)}
@@ -229,13 +228,13 @@ def test_gradebook_cannot_be_written(graded):
 
 @pytest.mark.parametrize("student", ["exit_in_cell", "segfault_in_cell", "memory_hog", "hang_ignoring_sigint"])
 def test_a_crashing_or_hanging_cell_is_skipped_and_the_rest_is_graded(graded, student):
-    _, rows, details, _, _ = graded
+    _, rows, details, _ = graded
     assert rows[student].score == 12, details[student]
     assert any("skipped" in e or "MemoryError" in e for e in details[student]["cell_errors"]), details[student]["cell_errors"]
 
 
 def test_a_crash_inside_a_test_costs_only_that_test(graded):
-    _, rows, details, _, _ = graded
+    _, rows, details, _ = graded
     assert failed_tests(details, "exit_in_mha") == ["test_mha"] and rows["exit_in_mha"].score == 8
     assert "exited" in next(t["message"] for t in details["exit_in_mha"]["tests"] if t["grade_id"] == "test_mha")
     assert failed_tests(details, "hang_in_mask") == ["test_masks"] and rows["hang_in_mask"].score == 10
@@ -243,7 +242,7 @@ def test_a_crash_inside_a_test_costs_only_that_test(graded):
 
 
 def test_damaged_structure_is_repaired_and_reported(graded):
-    _, rows, details, _, _ = graded
+    _, rows, details, _ = graded
     assert rows["damaged"].score == 12
     assert rows["duplicated_cells"].score == 12
     notes = " | ".join(details["damaged"]["notes"])
@@ -254,31 +253,48 @@ def test_damaged_structure_is_repaired_and_reported(graded):
 
 
 def test_stderr_output_does_not_zero_a_passing_test(graded):
-    _, rows, _, _, _ = graded
+    _, rows, _, _ = graded
     assert rows["noisy_stderr"].score == 12
 
 
+def _under_another_process_tree(pid: int) -> bool:
+    """True when `pid` descends from a live Python process other than this one (another test
+    worker's grading pool: sandboxes hang below it through bwrap), False when its ancestors are
+    this process, non-Python processes and init alone (an orphan: what a leftover would be)."""
+    me = os.getpid()
+    while pid > 1:
+        try:
+            pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            argv0 = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0", 1)[0]
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == me:
+            return False
+        if pid > 1 and b"python" in os.path.basename(argv0):
+            return True
+    return False
+
+
 def test_no_process_outlives_grading_and_the_network_is_closed(graded):
-    _, rows, details, listener, graded_by = graded
-    ps = subprocess.run(["ps", "-eo", "uid=,etimes=,args="], capture_output=True, text=True).stdout
+    _, rows, details, listener = graded
+    ps = subprocess.run(["ps", "-eo", "pid=,uid=,args="], capture_output=True, text=True).stdout
     # ours: the attackers' marked sleeps, and this run's sandbox uids running this checkout's
-    # Python (another grader on the machine, e.g. the other attack suites under pytest-xdist,
-    # may legitimately be running sandboxes of its own, under other uids)
+    # Python. A uid is leased only while a grading worker lives, so once this class is graded
+    # another grader on the machine (the other attack suites under pytest-xdist) may lease the
+    # same uid for its own sandboxes: those descend from its live workers, a leftover of ours
+    # from nobody but this process or, orphaned, from init.
     uids = {d["sandbox_uid"] for d in details.values() if d.get("sandbox_uid") is not None}
     assert uids and all(uid >= BASE_UID for uid in uids), uids
-    # A sandbox uid is leased only while its worker lives: once grading returned, another suite's
-    # sandbox may lease the same uid, so a process of ours is one that started before that.
-    started_before = time.time() - graded_by
     leftovers = [l for l in ps.splitlines()
-                 if MARKER in l or (int(l.split()[0]) in uids and int(l.split()[1]) >= started_before
-                                    and sys.executable in l)]
+                 if MARKER in l or (int(l.split()[1]) in uids and sys.executable in l
+                                    and not _under_another_process_tree(int(l.split()[0])))]
     assert leftovers == []
     assert rows["leftover_processes"].score == 12
     assert listener.connections == 0 and rows["network"].score == 10
 
 
 def test_forbidden_apis_score_zero_on_the_affected_tests(graded):
-    _, rows, details, _, _ = graded
+    _, rows, details, _ = graded
     for student in ("forbidden_sdpa", "forbidden_obfuscated"):
         assert failed_tests(details, student) == ["test_mha", "test_sdpa"], details[student]["tests"]
         message = next(t["message"] for t in details[student]["tests"] if t["grade_id"] == "test_sdpa")
