@@ -7,8 +7,9 @@ skipped and the process restarted with the cells before it replayed; a test that
 decided by the trusted static scan of everything the submission can run (static_check), and
 by the runtime observer in the student's process, whose reports reach the grader on a channel
 the student cannot take them back from (every forbidden call while a test runs counts, whoever's
-code made it), believed only while the canaries the grader sends after every test come back. Whatever goes wrong because of the student's
-output is their failed test, never a retried grading error.
+code made it), believed only while the canaries the grader sends after every test come back.
+Whatever goes wrong because of the student's output is their failed test, never a retried
+grading error.
 
 Hidden cases use `seed`, fresh for every grading run (set after the parameters cell, in the
 trusted namespace only) and recorded in the result, so they cannot be predicted or replayed.

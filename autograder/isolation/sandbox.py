@@ -38,7 +38,6 @@ from pathlib import Path
 
 from ..grading.wire import WireError, read_message, write_message
 from . import cgroups, course_tree, seccomp
-from .uids import FIRST_UID as BASE_UID   # first uid of the sandbox range
 from .uids import UidLease
 
 STAGING = "/run/camp-in"

@@ -16,7 +16,6 @@ from autograder.course.nbgrader_setup import (
     COURSE_ID,
     formgrader_template_dirs,
     instructor_config,
-    main,
     nbgrader_api,
     prepare_instructor_folders,
     release_ready_labs,

@@ -25,7 +25,8 @@ from autograder.course.reference import (
     write_submission,
 )
 from autograder.grading.grade import GradeOptions, grade
-from autograder.isolation.sandbox import BASE_UID, namespaces_available
+from autograder.isolation.sandbox import namespaces_available
+from autograder.isolation.uids import FIRST_UID as BASE_UID
 from tests.support import failed_tests, saved_results
 
 pytestmark = [pytest.mark.slow,

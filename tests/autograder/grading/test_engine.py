@@ -1,6 +1,5 @@
 """engine: the seed note only where a hidden (random) case failed; cells are labelled 1-based."""
 import nbformat
-import pytest
 
 from autograder.catalog import Catalog, repo_root
 from autograder.course import labspec

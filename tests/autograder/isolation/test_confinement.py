@@ -14,7 +14,6 @@ import pytest
 from autograder.grading.remote import Session
 from autograder.isolation import cgroups, seccomp
 from autograder.isolation.sandbox import (
-    BASE_UID,
     WORK,
     Limits,
     Sandbox,
@@ -23,6 +22,7 @@ from autograder.isolation.sandbox import (
     namespaces_available,
     sandbox_problem,
 )
+from autograder.isolation.uids import FIRST_UID as BASE_UID
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.skipif(not namespaces_available(), reason=f"bwrap sandbox unavailable: {sandbox_problem()}")
