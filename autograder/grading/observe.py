@@ -30,9 +30,7 @@ replaced or flooded socket, or a layer removed, fails the test as tampering. The
 """
 from __future__ import annotations
 
-import os
 import socket
-import sysconfig
 import warnings
 from functools import lru_cache
 
@@ -44,22 +42,6 @@ CANARY_FILE = "<camp canary>"
 MAX_REPORT = 4096   # bytes of one report: one atomic message
 RUNTIME_KEY_PREFIXES = ("", "Sparse", "SparseCsr", "Quantized", "NestedTensor")
 RUNTIME_BACKENDS = ("CPU", "CUDA", "XPU", "MPS", "HPU", "PrivateUse1")
-
-
-@lru_cache(maxsize=1)
-def _dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(torch, the standard library, installed packages and the observer's own files; the course's
-    own code: camplib and the grader). Only for showing a student their own traceback frames:
-    never evidence of who called what."""
-    paths = sysconfig.get_paths()
-    through = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    through.add(os.path.dirname(torch.__file__))
-    import autograder
-    import camplib
-    course = {os.path.dirname(autograder.__file__), os.path.dirname(camplib.__file__)}
-    here = os.path.dirname(os.path.abspath(__file__))
-    ours = (os.path.join(here, "forbid.py"), os.path.join(here, "observe.py"))
-    return tuple(os.path.join(p, "") for p in through) + ours, tuple(os.path.join(p, "") for p in course)
 
 
 def runtime_entries(forbid) -> list[str]:
