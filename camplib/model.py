@@ -177,6 +177,7 @@ class Block(nn.Module):
 
     def __init__(self, cfg: GPTConfig, rope: RotaryEmbedding | None = None):
         super().__init__()
+        self.config = cfg          # what a copy of the block needs (TensorParallelBlock.from_dense)
         self.ln1 = make_norm(cfg)
         self.attn = MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.kv_heads, bias=cfg.bias,
                                        rope=rope, dropout=cfg.dropout, backend=cfg.attention)
