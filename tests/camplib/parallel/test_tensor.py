@@ -164,7 +164,7 @@ def _torch_tp_mlp_rank(rank, t, x):
         torch.manual_seed(3)
         dense = (SwiGLU(cfg) if kind == "swiglu" else MLP(cfg)).double()
         ours = ParallelMLP(cfg.d_model, cfg.ff_dim, kind, bias=True).double()
-        specs = _specs(ours)
+        specs = shard_layout(ours)
         ours.load_state_dict({n: shard_of(p.detach(), specs[n], rank, t) for n, p in dense.named_parameters()})
         theirs = parallelize_module(dense, mesh, plan)
         out[kind] = {name: _forward_backward(module, x) for name, module in (("ours", ours), ("torch", theirs))}
@@ -184,12 +184,6 @@ def _forward_backward(module, x) -> dict:
     (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum().backward()
     grads = {n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad) for n, p in module.named_parameters()}
     return {"y": y.detach(), "x.grad": xi.grad, "grads": grads}
-
-
-def _specs(module) -> dict[str, Shard]:
-    """name -> Shard for every parameter of a module built from the parallel layers."""
-    return {f"{prefix}.{n}".lstrip("."): s for prefix, m in module.named_modules() if hasattr(m, "shard_specs")
-            for n, s in m.shard_specs().items()}
 
 
 @pytest.mark.parity
