@@ -29,7 +29,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = ["ServingMetrics", "CONTENT_TYPE", "FINISH_REASONS", "build_1_2_5_buckets", "histogram_quantile",
-           "read_histograms"]
+           "histogram_mean", "read_histograms"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FINISH_REASONS = ("stop", "length", "abort")
@@ -161,6 +161,19 @@ def read_histograms(text: str) -> dict[str, list[tuple[float, float]]]:
                 counts = out.setdefault(s.name[:-len("_bucket")], {})
                 counts[le] = counts.get(le, 0.0) + s.value
     return {name: sorted(counts.items()) for name, counts in out.items()}
+
+
+def histogram_mean(text: str, name: str) -> float:
+    """name_sum / name_count of a histogram in a /metrics text, over its label sets: the exact
+    mean of what was observed (NaN before the first observation)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = {"_sum": 0.0, "_count": 0.0}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name[len(name):] in total and s.name.startswith(name):
+                total[s.name[len(name):]] += s.value
+    return total["_sum"] / total["_count"] if total["_count"] else float("nan")
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
