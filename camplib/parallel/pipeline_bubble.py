@@ -116,7 +116,11 @@ def measure_bubbles(schedules=("gpipe", "1f1b"), ps=(2, 4), ms=(1, 2, 4, 8), v: 
     10%) the cases further than that from theory are measured again, up to `attempts` times in
     all, keeping each case's smallest bubble (interference adds idle time: the minimum of
     repeated timings is the usual estimate)."""
-    rows = _measure_once(_cases(schedules, ps, ms, v), forward_s, backward_s, timeout, split)
+    return _measure_cases(_cases(schedules, ps, ms, v), forward_s, backward_s, timeout, retry_above, attempts, split)
+
+
+def _measure_cases(cases, forward_s, backward_s, timeout, retry_above, attempts, split) -> list[dict]:
+    rows = _measure_once(cases, forward_s, backward_s, timeout, split)
     for _ in range(attempts - 1):
         if retry_above is None:
             break
@@ -167,9 +171,8 @@ def against_naive(schedules=("gpipe", "1f1b", "interleaved"), p: int = 2, ms=(1,
     stage work is forward_s + backward_s in every case (measured on sleeping stages; a case
     further than 10% from theory is measured again, keeping its smallest bubble). What
     `compare_with_naive` returns."""
-    names = ["gpipe"] + [s for s in schedules if s != "gpipe"]
-    rows = measure_bubbles(names, ps=[p], ms=sorted({1, *ms}), v=v, forward_s=forward_s, backward_s=backward_s,
-                           timeout=timeout, retry_above=0.1, attempts=attempts, split=True)
+    cases = [("gpipe", p, 1, 1)] + [c for c in _cases(schedules, [p], sorted(set(ms)), v) if c != ("gpipe", p, 1, 1)]
+    rows = _measure_cases(cases, forward_s, backward_s, timeout, 0.1, attempts, True)
     return compare_with_naive(rows, schedules, p, v, cut)
 
 
