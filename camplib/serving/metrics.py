@@ -1,7 +1,9 @@
 """Prometheus metrics of the service, as vLLM (v1) exposes them: the same names (`vllm:` prefix),
 labels (`model_name`, `engine`; `finished_reason` on `vllm:request_success`) and histogram
-buckets (vllm/v1/metrics/loggers.py, `PrometheusStatLogger`), so vLLM's Grafana dashboard and
-the course's (course/monitoring/) read this server unchanged.
+buckets (vllm/v1/metrics/loggers.py, `PrometheusStatLogger`), so dashboards and alerts written
+against vLLM's current names, the course's (course/monitoring/) among them, read this server
+unchanged. vLLM's deprecated names (`time_per_output_token_seconds`, now `inter_token_latency_seconds`;
+`gpu_cache_usage_perc`, now `kv_cache_usage_perc`) are not exposed.
 
 What each one measures, with the engine's timestamps (`Sequence`):
 - arrival: `Engine.add`; scheduled: the first step that admits the request (not a re-admission
