@@ -38,7 +38,7 @@ from camplib.parallel.pipeline_comm import PipelineComm
 from camplib.parallel.pipeline_schedule import (as_actions, bubble_theory, build_schedule, check_schedule,
                                                 micro_batches_for_idle_cut, stage_of)
 
-__all__ = ["SleepStage", "against_naive", "bubble_of_events", "measure_bubbles"]
+__all__ = ["SleepStage", "against_naive", "bubble_of_events", "compare_with_naive", "measure_bubbles"]
 
 ACTIVATION = (1, 4)   # the tiny activation the sleeping stages pass on
 
