@@ -25,6 +25,7 @@ how much of the naive idle time each removes, measured, and the fewest micro-bat
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -183,7 +184,8 @@ def compare_with_naive(rows: list[dict], schedules, p: int, v: int, cut: float =
     "idle_vs_naive" (idle fraction over the naive one's) and "idle_time_vs_naive" (idle
     rank-seconds over the naive's), "threshold": {schedule: {"measured": the fewest measured m
     whose idle fraction is at most (1 - cut) of the naive one (None if none is), "predicted": the
-    formula's, "v"}}, "cut"}."""
+    formula's, "time_measured" / "time_predicted": the same for the idle rank-seconds, which fall
+    as 1 / (v m) (each micro-batch is 1/m of the batch), "v"}}, "cut"}."""
     naive = next(r for r in rows if r["schedule"] == "gpipe" and r["m"] == 1) | {"schedule": "naive"}
     ours = [r | {"idle_vs_naive": r["measured"] / naive["measured"], "idle_time_vs_naive": r["idle_s"] / naive["idle_s"]}
             for r in rows if r["schedule"] in schedules]
@@ -191,6 +193,10 @@ def compare_with_naive(rows: list[dict], schedules, p: int, v: int, cut: float =
     for name in schedules:
         chunks = v if name == "interleaved" else 1
         hits = [r["m"] for r in ours if r["schedule"] == name and r["idle_vs_naive"] <= (1 - cut) * (1 + 1e-9)]
+        step = p if name == "interleaved" else 1
+        time_hits = [r["m"] for r in ours if r["schedule"] == name and r["idle_time_vs_naive"] <= (1 - cut) * (1 + 1e-9)]
         threshold[name] = {"measured": min(hits) if hits else None, "v": chunks,
-                           "predicted": micro_batches_for_idle_cut(p, chunks, cut, p if name == "interleaved" else 1)}
+                           "predicted": micro_batches_for_idle_cut(p, chunks, cut, step),
+                           "time_measured": min(time_hits) if time_hits else None,
+                           "time_predicted": step * math.ceil(1 / ((1 - cut) * chunks * step) - 1e-9)}
     return {"naive": naive, "rows": ours, "threshold": threshold, "cut": cut}

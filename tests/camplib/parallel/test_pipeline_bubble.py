@@ -62,6 +62,8 @@ def test_against_naive_on_the_simulators_timelines_finds_the_predicted_micro_bat
     assert result["naive"]["measured"] == pytest.approx((p - 1) / p)
     for name, t in result["threshold"].items():
         assert t["measured"] == t["predicted"], f"{name} p={p}: simulated {t['measured']}, formula {t['predicted']}"
+        assert t["time_measured"] == t["time_predicted"], f"{name} p={p}: idle time, simulated {t['time_measured']}, " \
+                                                          f"formula {t['time_predicted']}"
     for r in result["rows"]:
         assert r["idle_time_vs_naive"] == pytest.approx(1 / (r["v"] * r["m"])), r
 
