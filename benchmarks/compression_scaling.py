@@ -56,6 +56,7 @@ def bytes_and_loss(args) -> None:
         rows[method] = (out["bytes_per_step"][method], wire.sent / args.steps, out["losses"][method][-1],
                         out["heldout"][method])
     base_bytes, _, _, base_held = rows["none"]
+    print(f"counted: bytes one rank sent (collectives); loopback: the kernel's count for all {n} ranks (start-up included)")
     print(f"{'method':>10} {'counted B/step':>15} {'loopback B/step':>16} {'fewer bytes':>12} {'train loss':>11} "
           f"{'held-out':>9} {'vs none':>8}")
     for method, (sent, wire, train, held) in rows.items():
@@ -109,10 +110,14 @@ def model_against_measurement(args):
 
 def cluster_prediction(args) -> None:
     tokens = args.tokens
+    kappa = 0.0
+    if torch.cuda.is_available():     # the int8 codec's cost on this GPU, per value (else left out: 0)
+        kappa = codec_seconds_per_value("int8", numel=2**26, block=args.block, device="cuda")
+        print(f"\nint8 codec on {torch.cuda.get_device_name()}: {kappa * 1e12:.1f} ps per value (used below)")
     compute = 6 * args.params * tokens / (args.mfu * args.peak)
     print(f"\n3. the model's prediction: {args.params / 1e9:g}B parameters, {tokens} tokens per GPU per step, "
           f"compute {compute * 1e3:.0f} ms (6 x params x tokens at {args.mfu:.0%} of {args.peak / 1e12:.0f} TFLOP/s), "
-          "backward 2/3 of it; NVLink 4 within 8 GPUs, InfiniBand NDR beyond:")
+          f"backward 2/3 of it; int8 codec {kappa * 1e12:.1f} ps per value; NVLink 4 within 8 GPUs, InfiniBand NDR beyond:")
     for name in ("nvlink4", "ib-ndr400"):
         print(f"  {name}: alpha {LINKS[name].alpha * 1e6:g} us, {1 / LINKS[name].beta / 1e9:g} GB/s ({LINKS[name].source})")
     ranks = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -124,7 +129,8 @@ def cluster_prediction(args) -> None:
         link = LINKS["nvlink4" if n <= 8 else "ib-ndr400"]
         cells = []
         for alg, ovl in cols:
-            row = predict_scaling(args.params, compute, link, (n,), ("none", "int8"), alg, ovl)[0]
+            row = predict_scaling(args.params, compute, link, (n,), ("none", "int8"), alg, ovl,
+                                  codec_s_per_value=kappa)[0]
             eff[(n, alg, ovl)] = row
             cells += [f"{row['none']:15.1%}", f"{row['int8']:15.1%}"]
         print(f"{n:>5} {' '.join(cells)}")

@@ -116,13 +116,14 @@ def predict_scaling(n_params: float, compute_s: float, link: Link, ranks=(2, 4, 
 
 
 def fit_alpha_beta(samples: list[tuple[int, float, float]]) -> Link:
-    """Least-squares alpha and beta of the ring model from measured ring all-reduces:
-    samples of (ranks N, bytes S, seconds); seconds ~ 2(N-1) alpha + 2(N-1)/N S beta."""
-    rows = [(2.0 * (n - 1), 2.0 * (n - 1) / n * s) for n, s, _ in samples if n > 1]
-    if len(rows) < 2:
+    """Alpha and beta of the ring model fitted to measured ring all-reduces, samples of (ranks N,
+    bytes S, seconds), minimising the squared RELATIVE error of 2(N-1) alpha + 2(N-1)/N S beta
+    (plain least squares would fit the largest messages and ignore the latency-bound ones)."""
+    used = [(n, s, sec) for n, s, sec in samples if n > 1 and sec > 0]
+    if len(used) < 2:
         raise ValueError("fit_alpha_beta needs at least two samples with N > 1")
-    a = torch.tensor(rows, dtype=torch.float64)
-    t = torch.tensor([[sec] for n, _, sec in samples if n > 1], dtype=torch.float64)
+    a = torch.tensor([(2.0 * (n - 1) / sec, 2.0 * (n - 1) / n * s / sec) for n, s, sec in used], dtype=torch.float64)
+    t = torch.ones(len(used), 1, dtype=torch.float64)
     scale = a.abs().amax(dim=0).clamp_min(1e-300)          # columns of very different sizes
     sol = torch.linalg.lstsq(a / scale, t).solution.reshape(-1) / scale
-    return Link(max(float(sol[0]), 0.0), max(float(sol[1]), 0.0), f"fitted to {len(rows)} measured all-reduces")
+    return Link(max(float(sol[0]), 0.0), max(float(sol[1]), 0.0), f"fitted to {len(used)} measured all-reduces")
