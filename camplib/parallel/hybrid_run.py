@@ -34,6 +34,7 @@ import torch.fx.experimental.symbolic_shapes  # noqa: F401  see below
 
 from camplib.dist import on_ranks, under_torchrun
 from camplib.dist.counting import count_bytes
+from camplib.memory import SavedActivations, storage_key
 from camplib.model import GPTConfig
 from camplib.parallel.dist_checkpoint import load_dense, load_moments, moments_by_name, save_distributed
 from camplib.parallel.hybrid import HybridTrainer, check_hybrid
@@ -68,25 +69,28 @@ def rank_device(backend: str) -> torch.device:
 
 
 def _hybrid_rank(rank, world_size, spec, data, steps, shape, m, hyper, schedule, timeout, start=0, resume=None,
-                 save_to=None, die_rank=None, sequence_parallel=False, backend="gloo"):
+                 save_to=None, die_rank=None, sequence_parallel=False, backend="gloo", zero_stage=1, shard=None):
     mesh = ProcessMesh(shape)
     device = rank_device(backend)
     dense = build_model(spec)
     if resume is not None:
         dense.load_state_dict(resume["param"], strict=True)
     trainer = HybridTrainer(dense.to(device), mesh, m, hyper, schedule, timeout, ring=True,
-                            sequence_parallel=sequence_parallel, device=device)
+                            sequence_parallel=sequence_parallel, device=device, zero_stage=zero_stage, shard=shard)
     if resume is not None:
         load_moments(trainer, resume, resume["adam_step"], mesh.coord("tp"), mesh.size("tp"))
     held = sum(p.numel() * p.element_size() for p in trainer.stage.parameters())
     losses = []
-    with count_bytes() as counter:
+    # activations: what autograd saves for backward, live across the schedule's micro-batches
+    acts = SavedActivations(lambda: {storage_key(p) for p in trainer.stage.parameters()})
+    with count_bytes() as counter, acts:
         for s in range(start, start + steps):
             losses.append(trainer.step(data["x"][s], data["y"][s]))
     payload = dict(counter.payload)
     payload["send"] = counter.sent
     layout = trainer.shard_layout()
-    params = {n: p.detach().cpu().clone() for n, p in trainer.stage.named_parameters()}
+    memory = trainer.memory_bytes() | {"activations": acts.peak}
+    params = {n: p.detach().cpu().clone() for n, p in trainer.parameters_by_name().items()}
     if save_to is not None:
         pieces, adam_step = moments_by_name(trainer)
         if rank == die_rank:     # a rank killed mid-save: half a file, then gone
@@ -100,17 +104,22 @@ def _hybrid_rank(rank, world_size, spec, data, steps, shape, m, hyper, schedule,
                          adam_step=adam_step)
     return {"losses": [float("nan") if x is None else x for x in losses], "coords": mesh.coords,
             "params": params, "specs": {n: layout[n] for n in params}, "tied": trainer.tied,
-            "param_bytes": held, "bytes_per_step": {k: v / max(steps, 1) for k, v in payload.items()}}
+            "param_bytes": held, "memory": memory,
+            "bytes_per_step": {k: v / max(steps, 1) for k, v in payload.items()}}
 
 
 def train_hybrid(spec: dict, data: dict, steps: int, shape: MeshShape, m: int = 1, hyper: dict | None = None,
                  schedule: str = "1f1b", timeout: float = 60.0, *, start: int = 0, resume_from=None,
                  save_to=None, die_rank: int | None = None, sequence_parallel: bool = False,
-                 backend: str | None = None) -> dict:
+                 backend: str | None = None, zero_stage: int = 1, shard=None) -> dict:
     """Train `build_model(spec)` for `steps` steps on data["x"][s], data["y"][s] (the whole batch)
     on the ranks of `shape`. Returns "losses" (per step, from the last stage), "params" (the
     trained parameters joined into the dense model's, by name, from dp replica 0), per rank "coords",
-    "param_bytes" (parameters it holds), "bytes_per_step", "bytes_sent".
+    "param_bytes" (the stage's parameters, whole), "memory" ({"params", "grads", "optimizer"}: bytes
+    kept between steps, `HybridTrainer.memory_bytes`; "activations": the peak of what autograd
+    held for backward during the steps), "bytes_per_step", "bytes_sent".
+    `zero_stage`: 1, 2 or 3 over dp x cp. `shard`: the function that cuts a rank's part of the
+    batch (`camplib.parallel.hybrid.shard_batch`'s signature; lab a05 hands in the student's).
 
     Checkpoints (camplib.parallel.dist_checkpoint): `start` is the first step's index in `data`;
     `resume_from` a folder whose latest checkpoint (of any layout) the run starts from; `save_to`
@@ -123,11 +132,11 @@ def train_hybrid(spec: dict, data: dict, steps: int, shape: MeshShape, m: int = 
     hyper = dict(hyper or {})
     backend = backend or choose_backend(shape.world_size)
     out = on_ranks(_hybrid_rank, shape.world_size, spec, data, steps, shape, m, hyper, schedule, timeout, start,
-                   resume, save_to, die_rank, sequence_parallel, backend, backend=backend, timeout=timeout,
-                   run_timeout=20 * timeout)
+                   resume, save_to, die_rank, sequence_parallel, backend, zero_stage, shard, backend=backend,
+                   timeout=timeout, run_timeout=20 * timeout)
     last = shape.rank_of(pp=shape.pp - 1)
     return {"losses": out["losses"][last], "params": _dense_params(out, shape), "coords": out["coords"],
-            "param_bytes": out["param_bytes"],
+            "param_bytes": out["param_bytes"], "memory": out["memory"],
             "bytes_per_step": out["bytes_per_step"], "bytes_sent": out["bytes_sent"]}
 
 
