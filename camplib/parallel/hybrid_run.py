@@ -5,6 +5,7 @@ As a script it forks its own ranks, or, under torchrun, is one of them (the same
 
     python -m camplib.parallel.hybrid_run --dp 2 --pp 2 --tp 2 --compare
     python -m camplib.parallel.hybrid_run --pp 2 --cp 2 --tp 2 --sp --compare     # 4D: context + sequence
+    python -m camplib.parallel.hybrid_run --dp 2 --pp 2 --tp 2 --zero 3 --compare # ZeRO-3 with TP and PP
     torchrun --standalone --nproc_per_node 8 -m camplib.parallel.hybrid_run --dp 2 --pp 2 --tp 2
     # two machines, 8 processes each (gloo over TCP; run on both, HOST = the first machine):
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:29500 \
@@ -229,6 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
     for dim in ("dp", "pp", "cp", "tp"):
         parser.add_argument(f"--{dim}", type=int, default=1)
     parser.add_argument("--sp", action="store_true", help="sequence parallelism in the TP regions")
+    parser.add_argument("--zero", type=int, default=1, choices=[1, 2, 3], help="ZeRO stage over dp x cp")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--m", type=int, default=1, help="micro-batches per step")
     parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
@@ -236,8 +238,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", help="write the losses as JSON here (rank 0)")
     args = parser.parse_args(argv)
     spec, data, shape = demo_setup(args.dp, args.pp, args.tp, args.m, args.steps, args.dtype, args.cp)
-    got = train_hybrid(spec, data, args.steps, shape, args.m, DEMO_HYPER, sequence_parallel=args.sp)
-    result = {"layout": shape.describe(), "losses": got["losses"]}
+    got = train_hybrid(spec, data, args.steps, shape, args.m, DEMO_HYPER, sequence_parallel=args.sp,
+                       zero_stage=args.zero)
+    result = {"layout": shape.describe(), "zero_stage": args.zero, "losses": got["losses"],
+              "memory_rank0": got["memory"][0]}
     if os.environ.get("RANK", "0") == "0":
         if args.compare:
             result["one_process"] = reference_run(spec, data, args.steps, "adamw", DEMO_HYPER)["losses"]
