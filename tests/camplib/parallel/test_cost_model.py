@@ -61,9 +61,24 @@ def test_fit_recovers_alpha_and_beta():
 
 def test_bytes_per_value_is_what_the_compressed_ring_sends():
     """Counted on the collectives on 3 gloo ranks: each rank sends 2(N-1)/N * Ψ * bytes per
-    value (int8: blocks of 256 and one fp32 scale each; Ψ a multiple of N * 256, no padding). ~3.5 s."""
+    value (int8: blocks of 256 and one fp32 scale each; Ψ a multiple of N * 256, no padding). 3.5-8 s
+    (load 5-20)."""
     numel = 3 * 2 * 256 * 4
     for n in (3,):
         got = time_all_reduces(n, (numel,), ("none", "fp16", "int8"), repeats=1)["bytes_per_call"]
         for method in ("none", "fp16", "int8"):
             assert got[f"{method}/{numel}"] == 2 * (n - 1) / n * numel * bytes_per_value(method), (n, method, got)
+
+
+def test_timed_steps_report_compute_step_and_the_bytes_of_the_ring():
+    """time_steps on 2 ranks: an MLP step sends the ring's
+    2(N-1)/N * Ψ * bytes per value (padded to whole int8 blocks per rank) and takes longer than its
+    compute alone. ~2 s."""
+    from camplib.parallel.scaling_run import time_steps
+    got = time_steps(2, [16, 16], batch=8, methods=("none", "int8"), repeats=2, block=16)
+    psi = got["n_params"]
+    assert psi == 16 * 16 + 16
+    assert got["bytes_per_step"]["none"] == psi * 4                     # 2(N-1)/N = 1 for N = 2
+    padded = -(-psi // (2 * 16)) * 2 * 16
+    assert got["bytes_per_step"]["int8"] == padded * bytes_per_value("int8", 16)
+    assert 0 < got["compute_s"] < got["step_s"]["none"], got
