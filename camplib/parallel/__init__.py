@@ -15,6 +15,8 @@ Library (what a finished lab leaves behind):
   parallelism, zig-zag split, forward and backward); camplib's GPT trained on DP x PP x CP x TP,
   with sequence parallelism and tied embeddings across stages as options (lab a05).
 - `compression`: fp16/int8 quantized ring all-reduce, top-k with error feedback (lab a02).
+- `cost_model`: the alpha-beta model of ring and tree all-reduce, overlap with backward and
+  data-parallel scaling efficiency, and a fit of alpha and beta to measured collectives (lab a02).
 - `model_specs`: models described by plain dicts (MLP, GPT), rebuilt identically on every rank.
 - `reference`: one process on the full batch, the answer N ranks must reproduce, and the one
   data format of every run ({"x": (steps, B, ...), "y": ...}).
@@ -23,10 +25,14 @@ Runners (tests, benchmarks, graders and lab demos; each a rank function plus one
 camplib.dist.on_ranks; the library modules above never import them):
 - `train_ranks`: `train_on_ranks` (a data-parallel wrapper on N ranks) and `run_on_module`.
 - `zero_run`: `train_zero_on_ranks`, `train_optimizer_on_ranks`, `gradient_shards_on_ranks`.
-- `compression_run`: `compression_loss_curves`.
+- `compression_run`: `compression_loss_curves` (bytes counted per step, held-out loss, error
+  feedback on and off).
+- `scaling_run`: `time_all_reduces`, `time_steps`, `codec_seconds_per_value` (what the cost
+  model is checked against).
 - `tensor_run`: `run_split_gpt` (the split GPT's logits, loss and gradients, joined back).
 - `context_run`: `run_ring_attention` (forward and backward, joined), `run_ring_forward` (lab a05).
-- `hybrid_run`: `train_hybrid` (loss curve, joined dense parameters, bytes per rank).
+- `hybrid_run`: `train_hybrid` (loss curve, joined dense parameters, bytes sent and held per
+  rank, ZeRO stage 1-3), `train_on_mesh` (lab a05's run, plain data in and out).
 - `pipeline_run`: `run_pipeline` / `run_pipeline_spec` (loss, gradients by dense name, peak
   micro-batches in flight and the recorded actions of a p-rank pipeline).
 - `pipeline_bubble`: `measure_bubbles` (the bubble of `pipeline_step` on real ranks with sleeping,
