@@ -16,9 +16,9 @@ What survives what:
   that submission is lost (a grader error, retried by the next `camp grade`);
 - a preempted or timed-out task: submitit requeues it (`ShardTask` is Checkpointable) and the
   requeued task skips the students whose result file is already written;
-- a failed or cancelled task (node failure, out of memory, scancel): once every task of the
-  array has ended, the students without a result are submitted again as a new, smaller array
-  (`attempts` arrays in all), never the ones already graded;
+- a failed or cancelled task (node failure, out of memory, scancel): as soon as it has ended,
+  its students without a result file are submitted again (a new, smaller array; each student
+  is tried `attempts` times, then reported as a grader error), never the ones already graded;
 - a killed `camp grade`: its next run skips every submission with a result file (the result's
   key hashes the submission, the lab and the grader), as locally.
 
@@ -161,7 +161,7 @@ class SlurmPool:
         self.folder = out / "slurm"
         self._submitit = submitit
         self._mem_gb = options.mem_gb or round(memory_mb / 1024 + 3, 1)
-        self._live: list = []   # arrays not yet ended: cancelled by close()
+        self._arrays: list[str] = []   # submitted: close() cancels what is still queued
 
     def _submit(self, shards: list[list[dict]], slots: int):
         executor = self._submitit.AutoExecutor(folder=self.folder / "%j", cluster="slurm")
@@ -174,78 +174,81 @@ class SlurmPool:
             params["slurm_additional_parameters"] = dict(_sbatch_option(x) for x in o.extra)
         executor.update_parameters(**params)
         tasks = executor.map_array(ShardTask(), shards, [str(self.out)] * len(shards))
-        self._live.append(tasks)
-        print(f"camp grade: {sum(map(len, shards))} submission(s) in {len(shards)} shard(s): Slurm job array "
-              f"{tasks[0].job_id.split('_')[0]} ({max(1, slots)} task(s) at once; logs in {self.folder})", flush=True)
+        self._arrays.append(tasks[0].job_id.split("_")[0])
+        what = f"job array {tasks[0].job_id.split('_')[0]} ({max(1, slots)} task(s) at once" if len(tasks) > 1 \
+            else f"job {tasks[0].job_id} (one task"
+        print(f"camp grade: {sum(map(len, shards))} submission(s) in {len(shards)} shard(s): Slurm {what}; "
+              f"logs in {self.folder})", flush=True)
         return tasks
 
     def run(self, jobs: list[dict]):
-        left, why = list(jobs), {}
-        for attempt in range(1, self.options.attempts + 1):
-            if not left:
-                return
-            shards = split_shards(left, self.options.shards or self.slots)
-            tasks = self._submit(shards, min(self.slots, len(shards)))
-            left = []
-            for i, delivered, reason in self._wait(tasks):
-                got = {(d["student"], d["lab"]): d for d in delivered or ()}
-                for job in shards[i]:
-                    d = got.get((job["student"], job["lab"]))
-                    saved = None if d else load_result(self.out, job["lab_name"], job["student"], job["key"])
-                    if d:
-                        yield job, SubmissionResult.from_dict(d["result"]), d["starved"]
-                    elif saved:
-                        yield job, saved, False
-                    else:
-                        why[(job["student"], job["lab"])] = reason or "its task ended without grading it"
-                        left.append(job)
-            self._live.remove(tasks)
-            if left:
-                print(f"camp grade: {len(left)} submission(s) left ungraded by ended task(s) "
-                      f"(attempt {attempt} of {self.options.attempts}){'; submitting them again' if attempt < self.options.attempts else ''}",
-                      file=sys.stderr, flush=True)
-        for job in left:
-            yield job, _not_graded(job, f"the Slurm task grading it failed {self.options.attempts} time(s): "
-                                        f"{why[(job['student'], job['lab'])]}; run again to retry"), False
+        tries: dict[tuple[str, str], int] = {}
+        open_: list[tuple] = []   # (task, its shard, when it left the queue without a result)
 
-    def _wait(self, tasks):
-        """Yield (task index, what it returned or None, why not) as each task ends."""
-        open_ = set(range(len(tasks)))
-        gone_since: dict[int, float] = {}
-        array_id = tasks[0].job_id.split("_")[0]
+        def submit(group: list[dict]) -> None:
+            shards = split_shards(group, self.options.shards or self.slots)
+            tasks = self._submit(shards, min(self.slots, len(shards)))
+            open_.extend([task, shard, None] for task, shard in zip(tasks, shards))
+            for job in group:
+                tries[_who(job)] = tries.get(_who(job), 0) + 1
+
+        submit(jobs)
         unreachable_since = None
         while open_:
-            queued = _queued_tasks(array_id)
-            if queued is None:
+            queued = {a: _queued_tasks(a) for a in {t.job_id.split("_")[0] for t, _, _ in open_}}
+            if any(q is None for q in queued.values()):
                 unreachable_since = unreachable_since or time.monotonic()
                 if time.monotonic() - unreachable_since > 600:
-                    raise RuntimeError(f"squeue has not answered for 10 minutes (array {array_id})")
+                    raise RuntimeError("squeue has not answered for 10 minutes")
             else:
                 unreachable_since = None
-            for i in sorted(open_):
-                task = tasks[i]
+            for entry in list(open_):
+                task, shard, gone = entry
+                delivered, reason = None, None
                 if task.paths.result_pickle.exists():
-                    open_.discard(i)
                     try:
-                        yield i, task.result(), ""
+                        delivered, reason = task.result(), ""
                     except Exception as exc:   # the shard's function raised: its saved results still count
-                        yield i, None, f"task {task.job_id} raised {_last_line(exc)}"
-                elif queued is not None and task.job_id not in queued:
-                    first = gone_since.setdefault(i, time.monotonic())
-                    if time.monotonic() - first > self.options.grace_seconds:
-                        open_.discard(i)
-                        yield i, None, f"task {task.job_id} ended without a result ({_tail(task.paths.stderr)})"
+                        reason = f"task {task.job_id} raised {_last_line(exc)}"
+                elif queued.get(task.job_id.split("_")[0]) is not None and task.job_id not in queued[task.job_id.split("_")[0]]:
+                    entry[2] = gone = gone or time.monotonic()
+                    if time.monotonic() - gone > self.options.grace_seconds:
+                        reason = f"task {task.job_id} ended without a result ({_tail(task.paths.stderr)})"
+                if reason is None:
+                    continue
+                open_.remove(entry)
+                got = {(d["student"], d["lab"]): d for d in delivered or ()}
+                again = []
+                for job in shard:
+                    saved = None if _who(job) in got else load_result(self.out, job["lab_name"], job["student"], job["key"])
+                    if _who(job) in got:
+                        yield job, SubmissionResult.from_dict(got[_who(job)]["result"]), got[_who(job)]["starved"]
+                    elif saved:
+                        yield job, saved, False
+                    elif tries[_who(job)] < self.options.attempts:
+                        again.append(job)
+                    else:
+                        yield job, _not_graded(job, f"the Slurm task grading it failed {tries[_who(job)]} time(s), "
+                                                    f"last: {reason or 'it ended without grading it'}; run again to retry"), False
+                if again:   # at once: the other tasks may still be running
+                    print(f"camp grade: {len(again)} submission(s) left ungraded: "
+                          f"{reason or f'task {task.job_id} ended without grading them'}; submitting them again",
+                          file=sys.stderr, flush=True)
+                    submit(again)
             if open_:
                 time.sleep(self.options.poll_seconds)
 
     def close(self) -> None:
-        """Cancel the tasks of arrays still running (an interrupted `camp grade`)."""
-        for tasks in self._live:
-            try:
-                subprocess.run(["scancel", tasks[0].job_id.split("_")[0]], capture_output=True, timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        self._live = []
+        """Cancel this run's tasks still pending or running: an interrupted `camp grade`, or a
+        task requeued after it delivered (its results are in)."""
+        for array_id in self._arrays:
+            left = _queued_tasks(array_id, states="PD,R,S")
+            if left:
+                try:
+                    subprocess.run(["scancel", *sorted(left)], capture_output=True, timeout=30)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+        self._arrays = []
 
     def __enter__(self) -> "SlurmPool":
         return self
@@ -254,12 +257,16 @@ class SlurmPool:
         self.close()
 
 
-def _queued_tasks(array_id: str) -> set[str] | None:
-    """Task ids ("123_4") Slurm still holds as pending, running, suspended or requeued; None if
-    squeue cannot answer."""
+def _who(job: dict) -> tuple[str, str]:
+    return job["student"], job["lab"]
+
+
+def _queued_tasks(array_id: str, states: str | None = None) -> set[str] | None:
+    """Task ids ("123_4") Slurm still holds (squeue's default: pending, running, suspended,
+    requeued, completing; or `states`); None if squeue cannot answer."""
     try:
-        p = subprocess.run(["squeue", "-h", "-r", "-j", array_id, "-o", "%i"], capture_output=True, text=True,
-                           timeout=60)
+        p = subprocess.run(["squeue", "-h", "-r", "-j", array_id, "-o", "%i", *(["-t", states] if states else [])],
+                           capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if p.returncode != 0:
