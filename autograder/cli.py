@@ -4,7 +4,7 @@
   camp build [LAB ...] [--check]     release labs/ from solutions/ (nbgrader)
   camp run [LAB ...] [--profile ci|gpu] [-p NAME VALUE ...] [--out DIR]
   camp grade SUBMISSIONS_DIR [--lab LAB] [--out DIR] [--jobs N] [--isolation auto|bwrap|none]
-             [--on slurm [--shards N] [--partition P] [--task-minutes M] [--cpus-per-task C] [--sbatch OPT]]
+             [--on slurm [--shards N] [--partition P] [--task-minutes M] [--cpus-per-task C] [--task-mem-gb G] [--sbatch OPT]]
   camp start LAB                     a student's own copy of a lab, in work/<lab>/
   camp check NOTEBOOK                a student's self-check
   camp serve CHECKPOINT [...]        p03's OpenAI-compatible server (= python -m camplib.serving)
@@ -139,7 +139,7 @@ def cmd_grade(args, catalog: Catalog, root: Path) -> int:
 def _slurm_options(args):
     from .grading.slurm import SlurmOptions
     return SlurmOptions(shards=args.shards, partition=args.partition, minutes=args.task_minutes,
-                        cpus_per_task=args.cpus_per_task, extra=tuple(args.sbatch))
+                        cpus_per_task=args.cpus_per_task, mem_gb=args.task_mem_gb, extra=tuple(args.sbatch))
 
 
 def cmd_check(args, catalog: Catalog, root: Path) -> int:
@@ -211,6 +211,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition", help="--on slurm: the partition (default: the cluster's default)")
     p.add_argument("--task-minutes", type=int, default=60, help="--on slurm: time limit of each task (default 60)")
     p.add_argument("--cpus-per-task", type=int, default=1, help="--on slurm: cores of each task (default 1)")
+    p.add_argument("--task-mem-gb", type=float, help="--on slurm: memory of each task (default: the sandbox's "
+                   "memory limit + 3 GB for the grader's own process)")
     p.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                    help="--on slurm: another sbatch option, e.g. --sbatch=--account=cs101 (repeatable)")
     p.add_argument("--isolation", choices=["auto", "bwrap", "namespace", "none"], default="auto",

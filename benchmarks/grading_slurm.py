@@ -100,7 +100,8 @@ def main() -> None:
     print(f"class: {args.students} submissions of {', '.join(args.labs)} (reference, mistake, blank, hostile); "
           f"{os.cpu_count()} cores; load average before: {os.getloadavg()[0]:.1f}", flush=True)
     runs = [(f"local, camp grade --jobs {args.local_jobs}", ["--jobs", str(args.local_jobs)])]
-    runs += [(f"slurm, {s} slot(s) ({s} shard(s))", ["--on", "slurm", "--jobs", str(s), "--shards", str(s)])
+    runs += [(f"slurm, {s} slot(s) ({s} shard(s))", ["--on", "slurm", "--jobs", str(s), "--shards", str(s),
+                                                             "--task-mem-gb", "2"])
              for s in args.slots]
     seconds, results = {}, {}
     for i, (name, extra) in enumerate(runs):

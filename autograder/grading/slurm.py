@@ -151,11 +151,13 @@ class SlurmPool:
     """The `GradingPool` contract on a Slurm cluster: `run(jobs)` yields (job, result, starved)."""
 
     def __init__(self, out: Path, slots: int, options: SlurmOptions, memory_mb: int):
-        import submitit
-
+        from .grade import GradingSetupError
+        try:
+            import submitit
+        except ImportError as exc:
+            raise GradingSetupError(f"--on slurm needs submitit ({exc}): `make setup` installs it") from exc
         problem = slurm_problem()
         if problem:
-            from .grade import GradingSetupError
             raise GradingSetupError(f"--on slurm: {problem}")
         self.out, self.slots, self.options = out, max(1, slots), options
         self.folder = out / "slurm"

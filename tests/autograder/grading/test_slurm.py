@@ -103,7 +103,7 @@ def graded(tmp_path_factory):
             sharded = {r.student: r for r in grade(
                 tmp / "subs", catalog, ROOT, there, LAB,
                 GradeOptions(jobs=2, seed=SEED, cell_timeout=30, on="slurm",
-                             slurm=SlurmOptions(shards=2, minutes=10, grace_seconds=2, poll_seconds=0.5)))}
+                             slurm=SlurmOptions(shards=2, minutes=10, mem_gb=2, grace_seconds=2, poll_seconds=0.5)))}
     finally:
         disturber.stop = True
         disturber.join()
@@ -174,6 +174,7 @@ def test_a_second_run_resumes_without_submitting_anything(graded):
     before = sorted(p.name for p in (there / "slurm").iterdir())
     with slurm_conf(conf):
         again = {r.student: r for r in grade(subs, Catalog.load(), ROOT, there, LAB,
-                                             GradeOptions(jobs=2, seed=SEED + 1, on="slurm"))}
+                                             GradeOptions(jobs=2, seed=SEED + 1, on="slurm",
+                                                          slurm=SlurmOptions(mem_gb=2)))}
     assert sorted(p.name for p in (there / "slurm").iterdir()) == before
     assert {s: r.score for s, r in again.items()} == {s: r.score for s, r in sharded.items()}
