@@ -14,8 +14,9 @@ What survives what:
 - a hostile submission: it runs in its own sandbox, as locally; if it still kills the task's
   worker process, the shard's other students are graded again each in a fresh worker, so only
   that submission is lost (a grader error, retried by the next `camp grade`);
-- a preempted or timed-out task: submitit requeues it (`ShardTask` is Checkpointable) and the
-  requeued task skips the students whose result file is already written;
+- a preempted or timed-out task: Slurm requeues a preempted one (PreemptMode=REQUEUE), submitit
+  checkpoints and requeues one that runs out of time (`ShardTask` is Checkpointable); either
+  way the requeued task skips the students whose result file is already written;
 - a failed or cancelled task (node failure, out of memory, scancel): as soon as it has ended,
   its students without a result file are submitted again (a new, smaller array; each student
   is tried `attempts` times, then reported as a grader error), never the ones already graded;
