@@ -10,7 +10,9 @@ Needs root, bubblewrap (the sandbox) and Debian's slurm-wlm and munge (tests/...
 import contextlib
 import json
 import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -178,3 +180,25 @@ def test_a_second_run_resumes_without_submitting_anything(graded):
                                                           slurm=SlurmOptions(mem_gb=2)))}
     assert sorted(p.name for p in (there / "slurm").iterdir()) == before
     assert {s: r.score for s, r in again.items()} == {s: r.score for s, r in sharded.items()}
+
+
+def test_an_interrupted_run_cancels_its_tasks(tmp_path):
+    """Ctrl-C on `camp grade --on slurm` leaves no task of its array pending or running."""
+    conf = start_slurm()
+    write_submission(tmp_path / "subs", "ada", LAB, student_notebook(LAB))
+    out = tmp_path / "ws"
+    p = subprocess.Popen([sys.executable, "-m", "autograder.cli", "grade", str(tmp_path / "subs"), "--out", str(out),
+                          "--lab", LAB, "--on", "slurm", "--task-mem-gb", "2"],
+                         env={**os.environ, "SLURM_CONF": conf}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    while not list(out.glob("slurm/*/*_submitted.pkl")) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.2)
+    submitted = list(out.glob("slurm/*/*_submitted.pkl"))
+    p.send_signal(signal.SIGINT)
+    log = p.communicate(timeout=120)[0]
+    assert submitted, f"nothing was submitted: {log[-2000:]}"
+    job = submitted[0].parent.name.split("_")[0]
+    with slurm_conf(conf):
+        left = subprocess.run(["squeue", "-h", "-r", "-j", job, "-t", "PD,R", "-o", "%i"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"tasks of job {job} still queued after Ctrl-C: {left.stdout}"
+    assert p.returncode != 0
