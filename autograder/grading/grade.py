@@ -64,6 +64,8 @@ class GradeOptions:
     limits: Limits = field(default_factory=Limits)
     cell_timeout: float | None = None   # overrides the labs' own cell_timeout (tests use a short one)
     seed: int | None = None             # hidden cases' seed; None: a fresh one for this run
+    on: str = "local"                   # local: `jobs` worker processes here; slurm: one job array,
+    slurm: object = None                # `jobs` tasks at once (autograder.grading.slurm.SlurmOptions)
 
 
 class GradingSetupError(RuntimeError):
@@ -121,7 +123,7 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
         if any(by_lab.values()):   # workers warm up while the labs are registered and uploads copied
             warm = [(str(catalog.get(lab_id).source_path(root)), list(catalog.get(lab_id).forbid))
                     for lab_id, lab_subs in by_lab.items() if lab_subs]
-            pool = GradingPool(options.jobs, isolation, share["threads"], warm)
+            pool = _pool(out, options, isolation, share, warm)
         for row in unknown:
             run.add(row)
         in_lab, whole = _sort_rejections(rejected, catalog, only_lab, run)
@@ -340,9 +342,23 @@ def _by_lab(subs: list[Submission], catalog: Catalog, only_lab: str | None):
     return by_lab, problems
 
 
+def _pool(out: Path, options: GradeOptions, isolation: str, share: dict, warm: list):
+    """Where the jobs run: `jobs` warm workers here, or a Slurm job array with `jobs` tasks at once."""
+    if options.on == "local":
+        return GradingPool(options.jobs, isolation, share["threads"], warm)
+    if options.on != "slurm":
+        raise GradingSetupError(f"unknown place to grade {options.on!r} (local or slurm)")
+    from .slurm import SlurmOptions, SlurmPool
+    return SlurmPool(out, options.jobs, options.slurm or SlurmOptions(), share["memory_mb"])
+
+
 def _share(options: GradeOptions) -> dict:
     """Each of the `jobs` sandboxes gets an equal slice of the machine: cores (cgroup quota and
-    torch/OpenMP threads) and memory (at most the configured limit)."""
+    torch/OpenMP threads) and memory (at most the configured limit). On Slurm each task has its
+    own allocation: `cpus_per_task` cores and the configured memory."""
+    if options.on == "slurm":
+        cpus = getattr(options.slurm, "cpus_per_task", 1)
+        return {"cpus": float(cpus), "threads": cpus, "memory_mb": options.limits.memory_mb}
     cores = os.cpu_count() or 1
     try:
         total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
