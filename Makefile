@@ -123,6 +123,7 @@ monitor: setup prometheus ## serve a model (SERVE_ARGS, default --demo) and scra
 	  echo "camp serve on http://127.0.0.1:8000 (pid $$serve), Prometheus on http://127.0.0.1:9090"; \
 	  $(PROMETHEUS) --config.file=course/monitoring/prometheus.yml --storage.tsdb.path=runs/prometheus \
 	    --web.listen-address=127.0.0.1:9090
+
 # Debian's slurm-wlm and munge, installed when missing and we are root, then a one-node Slurm
 # (course/slurm/start.sh, under a second): tests/autograder/grading/test_slurm.py and
 # benchmarks/grading_slurm.py grade through it. Otherwise says so loudly (those tests then report
