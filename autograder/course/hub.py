@@ -31,6 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..grading.uploads import share_with_group
 from .nbgrader_setup import COURSE_ID, EXCHANGE_ENV, GRADING_ENV, exchange_root, grading_workspace
 
 STUDENTS_ENV, INSTRUCTORS_ENV = "CAMP_HUB_STUDENTS", "CAMP_HUB_INSTRUCTORS"
@@ -157,6 +158,7 @@ def prepare(root: Path) -> list[str]:
         done.append(f"private to {instructors}: {folder}")
     workspace = grading_workspace(root)
     os.chmod(workspace, 0o2770)     # shared by the instructors (setgid): collect, Formgrader, `sudo camp grade`
+    share_with_group(workspace)     # what root graded there before (`make lab` days) becomes theirs too
     exchange = hub_exchange(root)
     exchange.mkdir(parents=True, exist_ok=True)
     os.chmod(exchange, 0o1777)      # world-writable with the sticky bit (nbgrader's shared exchange)

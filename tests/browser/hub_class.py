@@ -41,6 +41,7 @@ class HubClass:
         self.exchange, self.workspace, self.state = self.dir / "exchange", self.dir / "grading", self.dir / "state"
         self.proc: subprocess.Popen | None = None
         self.views = False
+        self._background: list[subprocess.Popen] = []
         self._made_users: list[str] = []
         self._made_groups: list[str] = []
         self._modes: dict[Path, tuple[int, int]] = {}
@@ -137,22 +138,36 @@ class HubClass:
             total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
         return round(total / 1024, 1)
 
-    def as_user(self, user: str, *cmd: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        """`cmd` run as `user` under umask 077, with what their hub JupyterLab's terminal has
+    def _user_command(self, user: str, cmd: tuple[str, ...]) -> dict:
+        """`cmd` as `user` under umask 077, with what their hub JupyterLab's terminal has
         (autograder.course.hub.pre_spawn): the course's settings and PATH, in the repository
-        for the instructor (as Formgrader does), in their home for a student."""
+        for the instructor (as Formgrader does), in their home for a student; inside the hub's
+        mount namespace when it has one."""
         role = "instructor" if user == self.instructor else "student"
         venv_bin = Path(self.root / ".venv" / "bin")
         env = {**self.env, "HOME": str(self.home(user)), "USER": user, "LOGNAME": user, "CAMP_HUB_ROLE": role,
                "JUPYTER_CONFIG_PATH": str(self.root / "course" / "hub" / "jupyter"),
                "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin"}
         cwd = self.root if role == "instructor" else self.home(user)
-        script = "umask 077; exec \"$@\""
         enter = ["nsenter", f"--target={self.proc.pid}", "--mount", f"--wd={cwd}", "--"] if self.views else []
-        return subprocess.run([*enter, shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--", "sh", "-c", script, "sh", *cmd], cwd=cwd, env=env,
-                              capture_output=True, text=True, check=check, timeout=timeout)
+        runuser = shutil.which("runuser") or "/usr/sbin/runuser"
+        argv = [*enter, runuser, "-u", user, "--", "sh", "-c", 'umask 077; exec "$@"', "sh", *cmd]
+        return {"args": argv, "cwd": cwd, "env": env, "text": True}
+
+    def as_user(self, user: str, *cmd: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(**self._user_command(user, cmd), capture_output=True, timeout=timeout)
+
+    def start_as_user(self, user: str, *cmd: str) -> subprocess.Popen:
+        """The same, running in the background (read it with `.communicate()`)."""
+        proc = subprocess.Popen(**self._user_command(user, cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self._background.append(proc)
+        return proc
 
     def __exit__(self, *exc) -> None:
+        for proc in self._background:   # a step the test started and did not wait for (it failed first)
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)   # JupyterHub stops the users' servers and the proxy

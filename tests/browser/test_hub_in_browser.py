@@ -6,7 +6,9 @@ the lab in the Assignment List into their home, saves their work (JupyterLab's f
 submits it with the Submit button. The instructor collects, `camp grade` grades in its sandbox
 (as root: `sudo camp grade`), nbgrader releases camp's feedback; each student presses Fetch
 Feedback and reads their own page (their score, no hidden test source), and the instructor's
-Formgrader counts both submissions graded. A student then tries to read what is not theirs from
+Formgrader counts both submissions graded. Bob, who turned in a read-only file, submits again, and
+the instructor's next collect replaces the copy `camp grade` (root) wrote: nbgrader's pitfalls on a
+shared exchange, with everyone under `umask 077`. A student then tries to read what is not theirs from
 a terminal (a classmate's home and feedback, the exchange's inbound and feedback folders, the
 source notebooks with the hidden tests, the gradebook, the repository's history) and through the
 file API of a classmate's and the instructor's servers: all refused, while their own copy, the
@@ -87,14 +89,13 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
     ada, bob = hc.students
     teacher = hc.instructor
     lap = lambda name: times.__setitem__(name, round(time.monotonic() - started, 1))   # noqa: E731
-    lap("hub up")
-    release = hc.as_user(teacher, "nbgrader", "release_assignment", LAB_NAME, check=False)
-    assert release.returncode == 0, release.stdout + release.stderr
-    lap("released")
+    release = hc.start_as_user(teacher, "nbgrader", "release_assignment", LAB_NAME)   # while the servers start
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
         try:
             pages = {user: _log_in(browser, hc, user) for user in (ada, bob, teacher)}   # servers start together
+            _finished(release, "release")
+            lap("released")
             for user, page in pages.items():
                 _wait_for_lab(page, hc, user, tmp_path)
             lap("three JupyterLabs up")
@@ -107,26 +108,31 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
             lap("fetched")
             _save(pages[ada], hc, ada, student_notebook(LAB))
             _save(pages[bob], hc, bob, _bobs_notebook())
+            _save_read_only_file(hc, bob)   # nbgrader's pitfall: read-only files break a later collect
             for student in (ada, bob):
                 _assignment_list(pages[student])
                 _press(pages[student], "#fetched_assignments_list", "Submit", "#submitted_assignments_list")
             lap("submitted")
 
-            collect = hc.as_user(teacher, "nbgrader", "collect", LAB_NAME, check=False)
-            assert collect.returncode == 0, collect.stdout + collect.stderr
+            _finished(hc.as_user(teacher, "nbgrader", "collect", LAB_NAME), "collect")
             grade = subprocess.run([str(Path(sys.executable).parent / "camp"), "grade", str(hc.workspace / "collected"),
-                                    "--lab", LAB, "--out", str(hc.workspace)], cwd=ROOT, env=hc.env,
-                                   capture_output=True, text=True, timeout=300)
+                                    "--lab", LAB, "--out", str(hc.workspace), "--jobs", "2"], cwd=ROOT, env=hc.env,
+                                   capture_output=True, text=True, timeout=300)   # as root: `sudo camp grade`
             assert grade.returncode == 0, grade.stdout + grade.stderr
             assert re.search(rf"{ada}\s+{LAB}\s+12\s+12\s+graded", grade.stdout), grade.stdout
             bob_score = re.search(rf"{bob}\s+{LAB}\s+(\d+(?:\.\d+)?)\s+12\s+graded", grade.stdout)
             assert bob_score and float(bob_score.group(1)) < 12, grade.stdout
             lap("collected and graded")
-            feedback = hc.as_user(teacher, "nbgrader", "release_feedback", LAB_NAME, check=False)
-            assert feedback.returncode == 0, feedback.stdout + feedback.stderr
+            feedback = hc.start_as_user(teacher, "nbgrader", "release_feedback", LAB_NAME)
+            for user in (bob, teacher):   # meanwhile: another user's server, through the file API
+                status = pages[ada].evaluate("async (u) => (await fetch(u)).status", f"{hc.base}/user/{user}/api/contents")
+                assert status in (403, 404), f"{ada} read {user}'s files through the file API (HTTP {status})"
+            _finished(feedback, "release_feedback")
             released = sorted((hc.exchange / COURSE / "feedback").glob("*.html"))
-            assert len(released) == 2, f"released feedback pages: {released}\n{feedback.stderr}"
+            assert len(released) == 2, f"released feedback pages: {released}"
             lap("feedback released")
+            probe = _probe_from_a_terminal(pages[ada], hc, ada, bob)
+            lap("probes")
 
             hidden = _hidden_test_lines()
             for student, score in ((ada, "12"), (bob, bob_score.group(1))):
@@ -134,26 +140,46 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
                 assert re.search(rf"\b{re.escape(_plain(score))}\s*/\s*12\b", text), f"{student}'s feedback:\n{text[:1500]}"
                 leaked = [ln for ln in hidden if ln in text]
                 assert not leaked, f"hidden tests in {student}'s feedback: {leaked[:3]}"
-            bob_text = _read_files(pages[bob], hc, bob)
-            assert "not written yet" in bob_text, bob_text[:1500]
+                assert ("not written yet" in text) == (student == bob), f"{student}'s feedback:\n{text[:1500]}"
             lap("feedback read")
 
             assert _formgrader_counts(pages[teacher], hc, teacher) == ("released", "2")
             lap("formgrader")
-            probe, probe_text = _probe_from_a_terminal(pages[ada], hc, ada, bob, tmp_path)
-            lap("probes")
-            for user in (bob, teacher):
-                status = pages[ada].evaluate("async (u) => (await fetch(u)).status",
-                                             f"{hc.base}/user/{user}/api/contents")
-                assert status in (403, 404), f"{ada} read {user}'s files through the file API (HTTP {status})"
+            # bob turns in again; the instructor's next collect replaces what `sudo camp grade` wrote
+            before = (hc.workspace / "collected" / bob / LAB_NAME / "timestamp.txt").read_text()
+            _assignment_list(pages[bob])
+            row = pages[bob].locator("#fetched_assignments_list .list_item", has_text=LAB_NAME).first
+            row.locator("button", has_text=re.compile(r"^Submit$")).click()
+            inbound = hc.exchange / COURSE / "inbound"
+            deadline = time.monotonic() + 60
+            while len(list(inbound.glob(f"{bob}+{LAB_NAME}+*"))) < 2 and time.monotonic() < deadline:
+                time.sleep(0.3)
+            assert len(list(inbound.glob(f"{bob}+{LAB_NAME}+*"))) == 2, "bob's second Submit did not reach the exchange"
+            _finished(hc.as_user(teacher, "nbgrader", "collect", "--update", LAB_NAME), "a second collect")
+            after = (hc.workspace / "collected" / bob / LAB_NAME / "timestamp.txt").read_text()
+            assert after > before, f"the second collect kept bob's first submission ({before} -> {after})"
+            lap("second collect")
         finally:
             browser.close()
             print("hub round trip, seconds since start: " + ", ".join(f"{k} {v}" for k, v in times.items()))
             if rss:
                 print("memory of each idle JupyterLab (MiB, all the user's processes): " + str(rss))
-    denied = [line for line in probe if line.startswith("READ") and "(own)" not in line]
-    assert not denied, "a student read what is not theirs:\n" + "\n".join(denied)
-    assert all(line.startswith("READ") for line in probe if "(own)" in line), probe_text
+    refused = {"DENIED"}
+    wrong = [line for line in probe if line.split(" ", 1)[0] not in refused and not line.startswith("READ (own)")]
+    assert not wrong, "a student read what is not theirs, or a probe named nothing:\n" + "\n".join(probe)
+
+
+def _finished(run, what: str) -> None:
+    out, err = run.communicate(timeout=300) if isinstance(run, subprocess.Popen) else (run.stdout, run.stderr)
+    assert run.returncode == 0, f"{what} failed:\n{out}\n{err}"
+
+
+def _save_read_only_file(hc, user) -> None:
+    """A data file the student made read-only, beside their notebook."""
+    path = hc.home(user) / COURSE / LAB_NAME / "notes.txt"
+    path.write_text("my notes\n")
+    os.chown(path, hc.uid(user), -1)
+    os.chmod(path, 0o444)
 
 
 def _plain(score: str) -> str:
@@ -239,23 +265,27 @@ def _formgrader_counts(page, hc, user) -> tuple[str, str]:
     return row.locator(".status").inner_text().strip(), row.locator(".num-submissions").inner_text().strip()
 
 
-def _probe_from_a_terminal(page, hc, user, classmate, tmp_path) -> list[str]:
-    """What `user` can read from a JupyterLab terminal: one line per path, READ or DENIED."""
+def _probe_from_a_terminal(page, hc, user, classmate) -> list[str]:
+    """What `user` can read from a JupyterLab terminal: one line per path, READ, DENIED
+    (permission denied) or MISSING (no such file: a probe that proves nothing, which fails)."""
     mate = hc.home(classmate) / COURSE / LAB_NAME
-    mate_feedback = next((hc.home(classmate) / COURSE / LAB_NAME / "feedback").glob(f"*/{LAB_NAME}.html"))
     inbound, feedback = hc.exchange / COURSE / "inbound", hc.exchange / COURSE / "feedback"
     source = Catalog.load().get(LAB).source_path(ROOT)
-    own = hc.home(user) / COURSE / LAB_NAME / f"{LAB_NAME}.ipynb"
-    files = [mate / f"{LAB_NAME}.ipynb", mate_feedback, source, hc.workspace / "gradebook.db",
-             hc.workspace / "source" / LAB_NAME / f"{LAB_NAME}.ipynb", ROOT / "tests" / "conftest.py"]
+    files = [mate / f"{LAB_NAME}.ipynb", source, hc.workspace / "gradebook.db",
+             hc.workspace / "source" / LAB_NAME / f"{LAB_NAME}.ipynb",
+             hc.workspace / "collected" / classmate / LAB_NAME / f"{LAB_NAME}.ipynb", ROOT / "tests" / "conftest.py"]
     folders = [hc.home(classmate), inbound, feedback, source.parent, hc.workspace, hc.workspace / "collected"]
     if (ROOT / ".git").is_dir():
         folders.append(ROOT / ".git")
+    missing = [p for p in files + folders if not p.exists()]
+    assert not missing, f"the probe would look for what is not there: {missing}"
+    verdict = ("2>&1 >/dev/null); case $? in 0) echo READ {tag}'{p}';; *) case \"$e\" in *'No such'*) "
+               "echo MISSING {tag}'{p}';; *) echo DENIED {tag}'{p}';; esac;; esac")
     script = ["#!/bin/sh"]
-    script += [f"cat '{p}' >/dev/null 2>&1 && echo 'READ {p}' || echo 'DENIED {p}'" for p in files]
-    script += [f"ls '{p}' >/dev/null 2>&1 && echo 'READ {p}' || echo 'DENIED {p}'" for p in folders]
-    own_reads = [own, Catalog.load().get(LAB).release_path(ROOT)]
-    script += [f"cat '{p}' >/dev/null 2>&1 && echo 'READ (own) {p}' || echo 'DENIED (own) {p}'" for p in own_reads]
+    script += ["e=$(cat '{p}' ".format(p=p) + verdict.format(tag="", p=p) for p in files]
+    script += ["e=$(ls '{p}' ".format(p=p) + verdict.format(tag="", p=p) for p in folders]
+    own = [hc.home(user) / COURSE / LAB_NAME / f"{LAB_NAME}.ipynb", Catalog.load().get(LAB).release_path(ROOT)]
+    script += ["e=$(cat '{p}' ".format(p=p) + verdict.format(tag="'(own)' ", p=p) for p in own]
     script += ["python -c 'import camplib.attention, autograder.checks' && echo 'READ (own) course packages' "
                "|| echo 'DENIED (own) course packages'"]
     body = json.dumps({"type": "file", "format": "text", "content": "\n".join(script) + "\n"})
@@ -269,12 +299,13 @@ def _probe_from_a_terminal(page, hc, user, classmate, tmp_path) -> list[str]:
     term.wait_for()
     term.click()
     page.keyboard.type("sh probe.sh > probe.tmp 2>&1; mv probe.tmp probe.txt; exit\n", delay=5)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline and not out.exists():
         time.sleep(0.3)
     assert out.exists(), f"the terminal never wrote {out}"
     assert out.stat().st_uid == hc.uid(user), "the terminal did not run as the student"
     text = out.read_text()
-    lines = [ln for ln in text.splitlines() if ln.startswith(("READ ", "DENIED "))]
-    assert len(lines) == len(files) + len(folders) + len(own_reads) + 1, text
-    return lines, text
+    lines = [ln for ln in text.splitlines() if ln.startswith(("READ ", "DENIED ", "MISSING "))]
+    assert len(lines) == len(files) + len(folders) + len(own) + 1, text
+    assert all(ln.startswith("READ (own)") for ln in lines if "(own)" in ln), f"a student's own files:\n{text}"
+    return lines
