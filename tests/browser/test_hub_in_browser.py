@@ -117,7 +117,8 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
             _finished(hc.as_user(teacher, "nbgrader", "collect", LAB_NAME), "collect")
             grade = subprocess.run([str(Path(sys.executable).parent / "camp"), "grade", str(hc.workspace / "collected"),
                                     "--lab", LAB, "--out", str(hc.workspace), "--jobs", "2"], cwd=ROOT, env=hc.env,
-                                   capture_output=True, text=True, timeout=300)   # as root: `sudo camp grade`
+                                   capture_output=True, text=True, timeout=300,   # as root: `sudo camp grade`
+                                   preexec_fn=lambda: os.umask(0o077))            # sudo keeps an instructor's 077
             assert grade.returncode == 0, grade.stdout + grade.stderr
             assert re.search(rf"{ada}\s+{LAB}\s+12\s+12\s+graded", grade.stdout), grade.stdout
             bob_score = re.search(rf"{bob}\s+{LAB}\s+(\d+(?:\.\d+)?)\s+12\s+graded", grade.stdout)
