@@ -16,7 +16,7 @@ SERVE_ARGS ?= --demo
 # Where `camp grade` writes and Formgrader reads: grading/, or `make lab CAMP_GRADING_DIR=DIR`
 # (make passes it on; relative to this folder); the exchange: exchange/ or CAMP_EXCHANGE_DIR.
 
-.PHONY: lab setup browser prometheus monitor slurm test test-fast build check run clean constraints
+.PHONY: lab hub setup browser prometheus monitor slurm test test-fast build check run clean constraints
 
 # The server runs with the venv's bin first on PATH: nbgrader runs `alembic` by name, and
 # JupyterLab's terminals inherit it, so `camp`, `nbgrader` and `python` there are the course's
@@ -41,6 +41,17 @@ lab: setup ## set everything up and open JupyterLab on the released labs (ROLE=i
 		--LabApp.default_url=/lab/tree/labs \
 		--ServerApp.terminado_settings="{\"shell_command\": [\"$${SHELL:-/bin/sh}\"]}" \
 		$(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+# JupyterHub for a class (README "Running a class"): real local users log in with their own
+# password (PAM) and each gets their own JupyterLab, students on their home, instructors on the course
+# with Formgrader; nbgrader's exchange is shared. As root: `prepare` installs the proxy (Debian's
+# node-configurable-http-proxy) when missing, creates the exchange, the hub's state folder and the
+# class's two groups, and closes the repository's other folders (solutions/, .git, grading/...) to
+# students. The settings are course/hub/jupyterhub_config.py; HUB_ARGS adds JupyterHub options.
+HUB_ARGS ?=
+hub: setup ## JupyterHub for a class of local users (as root; course/hub/jupyterhub_config.py)
+	$(BIN)/python -m autograder.course.hub prepare
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyterhub -f course/hub/jupyterhub_config.py $(HUB_ARGS)
 
 # Reference-only packages: run by tests in a subprocess, never importable by the course. torchao
 # (tests/camplib/quant/test_torchao_side_by_side.py) goes into a folder off sys.path: once it is

@@ -14,7 +14,8 @@ Where things live (one role per folder):
 | `course/`       | authoring: `release` (camp build), `execute` (camp run, papermill),          |
 |                 | `selfcheck` (camp check), `start` (camp start: a student's own copy),        |
 |                 | `labspec` (a lab read from its source notebook),                             |
-|                 | `reference` (reference submissions), `nbgrader_setup`                       |
+|                 | `reference` (reference submissions), `nbgrader_setup`,                      |
+|                 | `hub` (make hub: a class of local users on JupyterHub), `exchange_feedback`  |
 | `grading/`      | the trusted side of camp grade: `grade` (a class), `worker` (one submission  |
 |                 | in a pool process), `engine` (cells and tests), `program` (which cells run), |
 |                 | `remote` + `wire` (stand-ins for the student's objects), `forbid` (static   |

@@ -23,6 +23,7 @@ grades.csv and report.html.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -41,7 +42,7 @@ from ..isolation.sandbox import (
     unreadable_course_file,
 )
 from ..reports.class_report import write_report
-from ..reports.feedback import write_feedback_html
+from ..reports.feedback import copy_release_keys, write_feedback_html
 from ..reports.formgrader import publish_for_formgrader
 from ..reports.gradebook import record
 from ..reports.grades_csv import GRADER_ERROR, GradeRow, write_grades_csv
@@ -50,7 +51,7 @@ from ..reports.similarity import write_similarity
 from ..text import html_text, inert
 from .pool import GradingPool
 from .results import SubmissionResult, TestOutcome, load_result, result_key, save_result
-from .uploads import Rejected, Submission, collect, copy_plain_files, remove_tree
+from .uploads import Rejected, Submission, collect, copy_plain_files, remove_tree, share_with_group
 from .uploads.turned_in import record_turned_in
 
 __all__ = ["GradeOptions", "GradeRow", "GradingSetupError", "grade", "resolve_isolation"]
@@ -113,7 +114,8 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
     seed = new_seed() if options.seed is None else int(options.seed)
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    os.chmod(out, 0o700)
+    shared = os.stat(out).st_mode & (stat.S_ISGID | 0o070) if os.stat(out).st_mode & stat.S_ISGID else 0
+    os.chmod(out, 0o700 | shared)   # private: to the grader, or to the group sharing it (make hub's instructors)
     run = _Run(out, catalog.caps, root)
     scratch_root = pool = None
     try:
@@ -187,6 +189,7 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
             except OSError:
                 pass
         run.write_summaries()
+        share_with_group(out)   # make hub: what root wrote stays usable by the instructors sharing the workspace
     return run.rows
 
 
@@ -391,6 +394,7 @@ def _publish(out: Path, lab: Lab, result: SubmissionResult, caps: GradingCaps) -
     html = out / "feedback" / result.student / lab.name / lab.notebook.replace(".ipynb", ".html")
     write_feedback_html(spec, result, submission_folder(out, result.student, lab.name) / lab.notebook, html, caps,
                         feedback_root=out / "feedback")
+    copy_release_keys(submission_folder(out, result.student, lab.name), html.parent)
     status = GRADER_ERROR if result.retry else result.status
     return GradeRow(result.student, lab.id, result.score, result.max_score, status, lost_points(result),
                     str(html.relative_to(out)))

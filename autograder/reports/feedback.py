@@ -167,3 +167,31 @@ def write_feedback_html(spec: LabSpec, result: SubmissionResult, student_noteboo
     if feedback_root is not None and install_mathjax(Path(feedback_root) / MATHJAX_DIR) is not None:
         mathjax = Path(os.path.relpath(Path(feedback_root) / MATHJAX_DIR, dest.parent)).as_posix()
     dest.write_text(feedback_page(spec, result, student_nb, mathjax), encoding="utf-8")
+
+
+RELEASE_KEYS = ("timestamp.txt", "submission_secret.txt")   # what nbgrader's release_feedback reads
+KEY_BYTES = 4096
+
+
+def copy_release_keys(submission: Path, feedback_dir: Path) -> None:
+    """Put the submission's timestamp.txt and submission_secret.txt (written by nbgrader's submit,
+    kept by its collect) beside its feedback page, as nbgrader's generate_feedback would: then
+    nbgrader's release_feedback (Formgrader's button, or `nbgrader release_feedback LAB`)
+    publishes camp's page under the hash of that secret, which only the student's own copy of the
+    submission can name. A key the upload lacks is removed, never left from an older upload.
+    The files are the student's: read with a byte bound, never through a link."""
+    import os
+
+    for name in RELEASE_KEYS:
+        dest = Path(feedback_dir) / name
+        try:
+            fd = os.open(Path(submission) / name, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            dest.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(KEY_BYTES + 1)
+        if len(data) > KEY_BYTES:
+            dest.unlink(missing_ok=True)
+            continue
+        dest.write_bytes(data)

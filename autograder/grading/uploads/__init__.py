@@ -12,9 +12,9 @@ person can act on. Later steps only ever see the checked copy.
 `submissions` (a class: collect), `files` (names, bounded copies and removal), `zips`,
 `notebooks` (checks before parsing).
 """
-from .files import SubmissionError, check_name, copy_plain_files, remove_tree
+from .files import SubmissionError, check_name, copy_plain_files, remove_tree, share_with_group
 from .notebooks import check_notebook, read_notebook
 from .submissions import STUDENT_ID, Rejected, Submission, collect
 
 __all__ = ["STUDENT_ID", "Rejected", "Submission", "SubmissionError", "check_name", "check_notebook", "collect",
-           "copy_plain_files", "read_notebook", "remove_tree"]
+           "copy_plain_files", "read_notebook", "remove_tree", "share_with_group"]
