@@ -1,7 +1,8 @@
 """The models p01 compares on HumanEval, behind one call: `completer(prefix, suffix=None, *,
 line=False, max_new_tokens=...)` returns the text greedy decoding writes at the cursor.
 
-- `line=True` (single-line infilling): generation stops at the first newline it writes;
+- `line=True` (single-line infilling): generation stops at the first newline it writes, and the
+  text is cut there (a token may hold a newline and more);
 - `line=False` (function completion): it stops once a non-blank line starts at column 0 (the
   function is over, camplib.codegen.humaneval.function_body), or at max_new_tokens.
 
@@ -50,8 +51,8 @@ def _heal(prefix: str) -> tuple[str, Callable[[str], str]]:
 
 def _greedy(model, ids: list[int], decode: Callable[[list[int]], str], stop_ids: set[int], line: bool,
             max_new_tokens: int) -> str:
-    room = model.config.max_seq_len - max_new_tokens
-    ids = ids[-room:]
+    max_new_tokens = min(max_new_tokens, model.config.max_seq_len // 2)   # a small model's window: half for the prompt
+    ids = ids[-(model.config.max_seq_len - max_new_tokens):]
     device = next(model.parameters()).device
     start = len(ids)
 
@@ -62,7 +63,8 @@ def _greedy(model, ids: list[int], decode: Callable[[list[int]], str], stop_ids:
     with torch.no_grad():
         out = generate(model.eval(), torch.tensor([ids], device=device), max_new_tokens, stop=stop)[0, start:].tolist()
     cut = next((i for i, t in enumerate(out) if t in stop_ids), len(out))
-    return decode(out[:cut])
+    text = decode(out[:cut])
+    return text.split("\n", 1)[0] if line else text
 
 
 def bpe_completer(model, bpe, max_new_tokens: int = 128) -> Completer:
@@ -105,5 +107,6 @@ def ngram_completer(ngram, bpe, max_new_tokens: int = 128) -> Completer:
             out.append(tok)
             if finished(healed(bpe.decode(out)), line):
                 break
-        return healed(bpe.decode(out))
+        text = healed(bpe.decode(out))
+        return text.split("\n", 1)[0] if line else text
     return complete

