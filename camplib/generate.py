@@ -93,7 +93,7 @@ def _check_left_padded(mask: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 def generate(model, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
              eos_id: int | None = None, attention_mask: torch.Tensor | None = None,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+             generator: torch.Generator | None = None, stop=None) -> torch.Tensor:
     """Continue each prompt of idx (B, T) by up to max_new_tokens tokens -> (B, T + new).
 
     temperature 0 is greedy decoding; otherwise sample() with temperature, top_k, top_p.
@@ -108,6 +108,9 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, *, temperature: floa
 
     eos_id: a row that emits it is finished; its later tokens are eos_id too, and generation
     stops early once every row is finished. Call model.eval() first if it has dropout.
+
+    stop: a function of the tokens so far (B, T + new) that returns True to end generation
+    there (a completion that has finished its line or its function; checked after each token).
     """
     B, T = idx.shape
     if T + max_new_tokens > model.config.max_seq_len:
@@ -130,7 +133,7 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, *, temperature: floa
             next_tok = next_tok.masked_fill(finished, eos_id)
             finished |= next_tok == eos_id
         idx = torch.cat([idx, next_tok[:, None]], dim=1)
-        if step + 1 == max_new_tokens or bool(finished.all()):
+        if step + 1 == max_new_tokens or bool(finished.all()) or (stop is not None and stop(idx)):
             break
         if padded:
             mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)

@@ -28,7 +28,6 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-import nbformat
 
 PACKAGE = "camplib"
 _DOTTED = re.compile(rf"^{PACKAGE}(\.[A-Za-z_][A-Za-z0-9_]*)+$")
@@ -113,6 +112,8 @@ def course_needs(source_notebook: str) -> frozenset[str]:
     """camplib modules the course's own code loads in the student's process for this lab: what
     its cells hand to `make` (any camplib name written in a test cell) and what its
     course-written cells import (not its solution cells: those are the student's)."""
+    import nbformat   # here, not at the top: reading a notebook is the only use, and nbformat imports jsonschema
+
     nb = nbformat.read(source_notebook, as_version=4)
     modules = module_graph()
     needs: set[str] = {PACKAGE}

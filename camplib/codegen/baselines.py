@@ -57,6 +57,21 @@ class NgramModel:
                 used += self.weights[k + 1]
         return p + (1.0 - used) / self.vocab_size
 
+    def most_likely(self, context: Sequence[int]) -> int:
+        """The id of highest prob(context, id) (greedy decoding). Only ids seen after some suffix
+        of the context, or the most frequent one, can win: the uniform floor is the same for all."""
+        if not hasattr(self, "_successors"):
+            self._successors = [{} for _ in range(self.n)]
+            for k in range(self.n):
+                for ctx, tok in self.counts[k]:
+                    self._successors[k].setdefault(ctx, set()).add(tok)
+            self._top = max(self.counts[0], key=self.counts[0].get)[1] if self.counts[0] else 0
+        context = tuple(context)[-(self.n - 1):] if self.n > 1 else ()
+        candidates = {self._top}
+        for k in range(1, min(self.n, len(context) + 1)):
+            candidates |= self._successors[k].get(context[len(context) - k:], set())
+        return max(sorted(candidates), key=lambda t: self.prob(context, t))
+
     def token_losses(self, stream: Sequence[int]) -> torch.Tensor:
         """-log P(stream[i] | stream[:i]) for i >= 1 (the first token has no context), float64."""
         stream = list(stream)

@@ -25,4 +25,14 @@ MISTAKES = [
     # reports but never asks the pruner: no trial is ever stopped early
     Mistake("objective", _edit("objective", "        if trial.should_prune():\n            raise optuna.TrialPruned()\n", "        pass\n"),
             3, "trial.should_prune()"),
+    # pass@k as the share of samples that passed: ignores k (right for k = 1 only)
+    Mistake("passk", _edit("passk", "    if n - c < k:\n        return 1.0\n    product = 1.0", "    return c / n\n    product = 1.0"),
+            2, "you returned c / n"),
+    # pass@k as if samples were drawn with replacement: biased low
+    Mistake("passk", _edit("passk", "    if n - c < k:\n        return 1.0\n    product = 1.0",
+                           "    return 1.0 - (1.0 - c / n) ** k\n    product = 1.0"),
+            2, "biased low"),
+    # the completion runs on past the end of its line: the program repeats the code after the gap
+    Mistake("passk", _edit("passk", 'return bpe.decode(out).split("\\n", 1)[0]', "return bpe.decode(out)"),
+            2, "up to the first newline"),
 ]
