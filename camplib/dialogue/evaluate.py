@@ -7,12 +7,14 @@ eos_id = <|im_end|>). Its first line is read as a dialogue state (`camplib.dialo
 parse_state`) and compared with the reference:
 
 - exact match: every slot (intent, order, product, address) right;
-- slot accuracy: the fraction of the four slots right;
+- slot accuracy: the fraction of the four slots right, and each slot's own accuracy ("per_slot");
+  the intent slot's is the **intent accuracy** (per user turn: each answer follows one);
 - stopped: the answer ended with <|im_end|> within the token budget (a model that never learned
   the end-of-turn token rambles on to the limit).
 
 Each is reported over all turns and per turn number: turn 3's order slot was given turns ago,
-so its accuracy shows whether the state is carried.
+so its accuracy shows whether the state is carried. "breaks_at" counts, per conversation, the
+first turn whose state is wrong ("never" when every turn is right): where state tracking breaks.
 """
 from __future__ import annotations
 
@@ -29,14 +31,14 @@ __all__ = ["assistant_turns", "generate_replies", "score_turn", "score", "evalua
 
 def assistant_turns(conversations) -> list[dict]:
     """One item per assistant turn: {"history": messages before it, "reference": its content,
-    "turn": 1, 2, ...}."""
+    "turn": 1, 2, ..., "conversation": its index}."""
     out = []
-    for conv in conversations:
+    for c, conv in enumerate(conversations):
         k = 0
         for i, m in enumerate(conv):
             if m["role"] == "assistant":
                 k += 1
-                out.append({"history": conv[:i], "reference": m["content"], "turn": k})
+                out.append({"history": conv[:i], "reference": m["content"], "turn": k, "conversation": c})
     return out
 
 
@@ -71,25 +73,40 @@ def generate_replies(model, tokenizer, histories, max_new_tokens: int = 48, batc
 
 
 def score_turn(prediction: str, reference: str) -> dict:
-    """{"exact": 0/1, "slots": fraction of SLOTS right} for one answer."""
+    """{"exact": 0/1, "slots": fraction of SLOTS right, "right": {slot: 0/1}} for one answer."""
     got, want = parse_state(prediction), parse_state(reference)
-    right = sum(got.get(s) == want.get(s) for s in SLOTS)
-    return {"exact": float(right == len(SLOTS)), "slots": right / len(SLOTS)}
+    right = {s: float(got.get(s) == want.get(s)) for s in SLOTS}
+    n = sum(right.values())
+    return {"exact": float(n == len(SLOTS)), "slots": n / len(SLOTS), "right": right}
 
 
 def score(predictions: list[dict], turns: list[dict]) -> dict:
-    """Means of exact match, slot accuracy and stopping, overall and per turn number."""
+    """Means of exact match, slot accuracy, intent accuracy and stopping, overall and per turn
+    number; each slot's accuracy ("per_slot"); "breaks_at": {first wrong turn or "never":
+    conversations} (turns without a "conversation" index count as conversations of their own)."""
     if len(predictions) != len(turns) or not turns:
         raise ValueError(f"{len(predictions)} predictions for {len(turns)} turns")
-    by_turn = defaultdict(list)
-    for p, t in zip(predictions, turns):
+    by_turn, first_wrong = defaultdict(list), {}
+    for i, (p, t) in enumerate(zip(predictions, turns)):
         s = score_turn(p["text"], t["reference"])
-        by_turn[t["turn"]].append((s["exact"], s["slots"], float(p["stopped"])))
+        by_turn[t["turn"]].append((s["exact"], s["slots"], float(p["stopped"]), s["right"]))
+        conv = t.get("conversation", ("turn", i))
+        first_wrong.setdefault(conv, "never")
+        if not s["exact"] and first_wrong[conv] == "never":
+            first_wrong[conv] = t["turn"]
     mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
+    slot_mean = lambda rows, slot: sum(r[3][slot] for r in rows) / len(rows)  # noqa: E731
     every = [r for rows in by_turn.values() for r in rows]
+    breaks = defaultdict(int)
+    for turn in first_wrong.values():
+        breaks[turn] += 1
     return {"exact_match": mean(every, 0), "slot_accuracy": mean(every, 1), "stopped": mean(every, 2),
-            "per_turn": {k: {"exact_match": mean(v, 0), "slot_accuracy": mean(v, 1), "n": len(v)}
-                         for k, v in sorted(by_turn.items())}}
+            "intent_accuracy": slot_mean(every, "intent"),
+            "per_slot": {slot: slot_mean(every, slot) for slot in SLOTS},
+            "per_turn": {k: {"exact_match": mean(v, 0), "slot_accuracy": mean(v, 1),
+                             "intent_accuracy": slot_mean(v, "intent"), "n": len(v)}
+                         for k, v in sorted(by_turn.items())},
+            "breaks_at": dict(sorted(breaks.items(), key=lambda kv: (kv[0] == "never", kv[0] if kv[0] != "never" else 0)))}
 
 
 def evaluate(model, tokenizer, conversations, max_new_tokens: int = 48) -> dict:

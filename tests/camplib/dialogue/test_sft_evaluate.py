@@ -9,7 +9,7 @@ import torch
 
 from camplib.dialogue.base import _tiny_bpe, load_base
 from camplib.dialogue.chat_tokenizer import hf_from_bpe
-from camplib.dialogue.data import make_dialogues
+from camplib.dialogue.data import SLOTS, make_dialogues
 from camplib.dialogue.evaluate import assistant_turns, evaluate, score, score_turn
 from camplib.dialogue.masking import encode_chat, masked_cross_entropy, pad_batch
 from camplib.dialogue.sft import load_lora, sft_for_grading
@@ -19,14 +19,22 @@ from camplib.tokenizer import ByteBPE
 
 def test_score_turn_and_per_turn_means():
     ref = "intent: refund; order: 12; product: sofa; address: -"
-    assert score_turn(ref, ref) == {"exact": 1.0, "slots": 1.0}
-    assert score_turn("intent: refund; order: 13; product: sofa; address: -", ref) == {"exact": 0.0, "slots": 0.75}
-    assert score_turn("nonsense", ref) == {"exact": 0.0, "slots": 0.0}
-    turns = [{"turn": 1, "reference": ref}, {"turn": 2, "reference": ref}]
+    assert score_turn(ref, ref) == {"exact": 1.0, "slots": 1.0, "right": dict.fromkeys(SLOTS, 1.0)}
+    assert score_turn("intent: refund; order: 13; product: sofa; address: -", ref) == \
+        {"exact": 0.0, "slots": 0.75, "right": {"intent": 1.0, "order": 0.0, "product": 1.0, "address": 1.0}}
+    assert score_turn("nonsense", ref)["slots"] == 0.0
+    turns = [{"turn": 1, "reference": ref, "conversation": 0}, {"turn": 2, "reference": ref, "conversation": 0}]
     s = score([{"text": ref, "stopped": True}, {"text": "x", "stopped": False}], turns)
-    assert (s["exact_match"], s["slot_accuracy"], s["stopped"]) == (0.5, 0.5, 0.5)
-    assert s["per_turn"] == {1: {"exact_match": 1.0, "slot_accuracy": 1.0, "n": 1},
-                             2: {"exact_match": 0.0, "slot_accuracy": 0.0, "n": 1}}
+    assert (s["exact_match"], s["slot_accuracy"], s["stopped"], s["intent_accuracy"]) == (0.5, 0.5, 0.5, 0.5)
+    assert s["per_turn"] == {1: {"exact_match": 1.0, "slot_accuracy": 1.0, "intent_accuracy": 1.0, "n": 1},
+                             2: {"exact_match": 0.0, "slot_accuracy": 0.0, "intent_accuracy": 0.0, "n": 1}}
+    assert s["per_slot"] == dict.fromkeys(SLOTS, 0.5)
+    assert s["breaks_at"] == {2: 1}, "the conversation's state first goes wrong in turn 2"
+    wrong_intent = "intent: track_order; order: 12; product: sofa; address: -"
+    s = score([{"text": wrong_intent, "stopped": True}, {"text": ref, "stopped": True}, {"text": ref, "stopped": True}],
+              turns + [{"turn": 1, "reference": ref, "conversation": 1}])
+    assert s["intent_accuracy"] == pytest.approx(2 / 3) and s["per_slot"]["order"] == 1.0
+    assert s["breaks_at"] == {1: 1, "never": 1}
     with pytest.raises(ValueError):
         score([], [])
 

