@@ -602,7 +602,7 @@ class _Scan:
         """A lookup in `modules` by a name computed at run time (getattr(m, 'soft' + x),
         vars(m), m.__dict__[...]): it may reach any forbidden entry of those packages."""
         for module in sorted(modules):
-            heads = {module.split(".")[0], *_real_heads(module)}      # camplib.checkpointing.torch is torch
+            heads = {module.split(".")[0], *_real_heads(module)}      # camplib.activation_checkpoint.torch is torch
             entries = [e for e in self.rules.entries if e.split(".")[0] in heads]
             head = module.split(".")[0]
             if entries:
@@ -651,7 +651,7 @@ def _always_guarded(owner: str) -> bool:
 
 def _real_heads(path: str) -> set[str]:
     """The top-level package the object at `path` comes from (its module's name), when that is
-    another package than the path's own: `camplib.checkpointing.torch` -> {"torch"}."""
+    another package than the path's own: `camplib.activation_checkpoint.torch` -> {"torch"}."""
     obj = _resolve(path) if path.split(".")[0] in ("camplib", "autograder") or path.split(".")[0] in sys.modules else None
     name = getattr(obj, "__name__", None) if inspect.ismodule(obj) else getattr(obj, "__module__", None)
     return {name.split(".")[0]} if isinstance(name, str) and name else set()

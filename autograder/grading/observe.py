@@ -11,7 +11,7 @@ Two layers, both process-wide and armed before any of the student's code runs:
 - `Tripwires` (autograder.grading.forbid) on the forbidden Python names of libraries (torch,
   peft, ...: `runtime_entries`). The course's own modules (camplib) are not wired: the static
   scan sees every name that reaches them, and the course's runners that a test starts in this
-  process (camplib.parallel.context_run, zero_run, ...) build on them;
+  process (camplib.parallel.context.run, zero.run, ...) build on them;
 - kernels at the operator dispatcher (`torch.library`) for every aten operator that implements a
   forbidden entry (`ops_for`): on every backend key with a kernel, and on the composite key of
   operators that decompose before reaching a backend (sdpa's math path). Each reports, then calls
@@ -55,7 +55,7 @@ def ops_for(forbid: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     the softmax entries; `_scaled_dot_product_flash_attention_for_cpu` -> sdpa). Only the
     entries wired at run time (`runtime_entries`, not camplib's): a camplib module the lab's
     sandbox leaves out (autograder.isolation.course_tree) does not import there, so it would
-    read as a function whose name aliases operators (`camplib.parallel.zero` -> `aten::zero_`)."""
+    read as a function whose name aliases operators (`camplib.attention.softmax` -> `aten::_softmax`)."""
     rules = _rules(forbid)
     names = {n.split("::", 1)[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")}
     mapping: dict[str, tuple[str, ...]] = {}

@@ -2,7 +2,7 @@
 devices and the memory of one device (after the Ultra-Scale Playbook's memory and
 communication calculators).
 
-Per rank, for one training step with AdamW and ZeRO-1 over dp x cp (`camplib.parallel.hybrid`):
+Per rank, for one training step with AdamW and ZeRO-1 over dp x cp (`camplib.parallel.hybrid.trainer`):
 
 - parameters: counted exactly on a `meta`-device GPT (no memory), cut like camplib's layers:
   the blocks of the rank's pipeline stage (`split_layers`), the embeddings on the first stage,
@@ -22,7 +22,7 @@ Per rank, for one training step with AdamW and ZeRO-1 over dp x cp (`camplib.par
   (+ one token count per micro-batch on the last stage); a tied embedding with pp > 1 one
   all-reduce of its table shard on the first and the last stage.
 
-The parameter and communication numbers equal what `camplib.parallel.hybrid_run.train_hybrid`
+The parameter and communication numbers equal what `camplib.parallel.hybrid.run.train_hybrid`
 measures on gloo ranks (tests/camplib/parallel/test_planner.py); the activations are the
 formula's.
 """
@@ -36,8 +36,8 @@ import torch
 
 from camplib.model import GPT, GPTConfig
 from camplib.parallel.mesh import MeshShape
-from camplib.parallel.pipeline import split_layers
-from camplib.parallel.tensor import padded_size
+from camplib.parallel.pipeline.stages import split_layers
+from camplib.parallel.tensor.layers import padded_size
 
 __all__ = ["REPLICATED", "params_per_stage", "layout_cost", "plan"]
 
