@@ -14,7 +14,9 @@ import torch
 from autograder.catalog import Catalog, repo_root
 from autograder.checks import case, check_close
 from autograder.course.labspec import LabSpec, defined_names
-from autograder.grading.forbid import Tripwires, alias_of, scan, static_uses
+from autograder.grading.entries import alias_of
+from autograder.grading.forbid import scan, static_uses
+from autograder.grading.tripwires import Tripwires
 from autograder.grading.observe import canary_plan, ops_for
 from autograder.grading.program import build_program
 from autograder.grading.static_check import banned_tests
