@@ -3,7 +3,7 @@
 Every import statement counts, wherever it is: at module level, inside a function (an import
 moved into a function body is how a cycle usually hides: it still couples the two modules both
 ways, and breaks as soon as somebody hoists it) and under `if TYPE_CHECKING:`. Relative imports
-are resolved; `from pkg import name` counts `pkg.name` when that is a module, else `pkg`.
+are resolved; `from pkg import name` counts `pkg` and, when it is a module, `pkg.name`.
 Importing a module does not count as importing its parent package here (a package's __init__
 running first is Python's order, not a dependency one can invert). Imports by string
 (`importlib.import_module("...")`) are not seen. ~0.3 s.
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from autograder.isolation.course_tree import imported_names
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("camplib", "autograder")
@@ -29,22 +31,13 @@ def modules() -> dict[str, Path]:
 
 
 def imports_of(name: str, path: Path, known) -> set[str]:
+    """Our modules that `path`'s import statements name, anywhere in it (the longest known prefix
+    of each dotted name, as autograder.isolation.course_tree reads imports)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    dotted = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            dotted += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            dotted += [f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names]
     found = set()
-    for d in dotted:
-        parts = d.split(".")
-        for i in range(len(parts), 0, -1):      # the longest prefix that is one of ours
+    for dotted in imported_names(ast.parse(path.read_text(encoding="utf-8")), package, in_functions=True):
+        parts = dotted.split(".")
+        for i in range(len(parts), 0, -1):
             if ".".join(parts[:i]) in known:
                 found.add(".".join(parts[:i]))
                 break
