@@ -9,10 +9,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.camp-installed
 # The browser tests (tests/browser) drive Debian's Chromium through Playwright; never a download.
 CHROMIUM ?= /usr/bin/chromium
+# Prometheus for `make monitor` and tests/course/test_monitoring.py: Debian's package (2.42).
+PROMETHEUS ?= /usr/bin/prometheus
+# what `make monitor` serves (camp serve's options): the random tiny model by default
+SERVE_ARGS ?= --demo
 # Where `camp grade` writes and Formgrader reads: grading/, or `make lab CAMP_GRADING_DIR=DIR`
 # (make passes it on; relative to this folder); the exchange: exchange/ or CAMP_EXCHANGE_DIR.
 
-.PHONY: lab setup browser test test-fast build check run clean constraints
+.PHONY: lab setup browser prometheus monitor test test-fast build check run clean constraints
 
 # The server runs with the venv's bin first on PATH: nbgrader runs `alembic` by name, and
 # JupyterLab's terminals inherit it, so `camp`, `nbgrader` and `python` there are the course's
@@ -102,10 +106,28 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "WARNING: $(CHROMIUM) is missing and cannot be installed here: tests/browser will not run"; fi; }
 
+# Installs Debian's prometheus package when it is missing and we are root, as `browser` does.
+prometheus:
+	@test -x $(PROMETHEUS) || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's prometheus for make monitor and tests/course/test_monitoring.py"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else echo "WARNING: $(PROMETHEUS) is missing and cannot be installed here: tests/course/test_monitoring.py will not run"; fi; }
+
+# `camp serve $(SERVE_ARGS)` on 127.0.0.1:8000 and Prometheus on 127.0.0.1:9090 scraping it
+# (course/monitoring/prometheus.yml; its data under runs/prometheus); Ctrl-C stops both. Import
+# course/monitoring/grafana.json into a Grafana whose data source is that Prometheus.
+monitor: setup prometheus ## serve a model (SERVE_ARGS, default --demo) and scrape it with Prometheus (http://127.0.0.1:9090)
+	@mkdir -p runs/prometheus
+	@$(BIN)/camp serve $(SERVE_ARGS) --port 8000 & serve=$$!; trap 'kill $$serve 2>/dev/null' EXIT INT TERM; \
+	  echo "camp serve on http://127.0.0.1:8000 (pid $$serve), Prometheus on http://127.0.0.1:9090"; \
+	  $(PROMETHEUS) --config.file=course/monitoring/prometheus.yml --storage.tsdb.path=runs/prometheus \
+	    --web.listen-address=127.0.0.1:9090
+
 # Two pytest-xdist workers (the machines this course targets have 2 cores), fed one work unit at a
 # time, slow tests first (tests/conftest.py says how the units are formed).
 PYTEST_WORKERS ?= 2
-test: setup browser ## the whole suite: library parity, build/run/grade round trips, the browser smoke test
+test: setup browser prometheus ## the whole suite: library parity, build/run/grade round trips, the browser smoke test
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 
 test-fast: setup ## the inner loop (< 3 min): everything not marked slow

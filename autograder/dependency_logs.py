@@ -15,14 +15,21 @@ each logger in `LOGGERS` a handler that appends to `course_log()` and stops its 
 named libraries: everything else, the student's own output included, still reaches stderr. A
 library belongs on the list when what it logs depends on the machine or on optional packages,
 not on the student's code (tests/autograder/test_dependency_logs.py reproduces such a CPU).
+
+Warnings of the same kind go there too (`MACHINE_WARNINGS`, matched on the message's start):
+torch's "Attempting to run cuBLAS, but there was no current CUDA context!" is raised by the
+autograd engine's GPU thread on its first matmul (seen on an H200 in a09's backward test); it says
+how the CUDA driver was set up, nothing about the student's kernel.
 """
 from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 
 LOGGERS = ("bitsandbytes",)
+MACHINE_WARNINGS = ("Attempting to run cuBLAS, but there was no current CUDA context",)
 
 
 def course_log() -> Path:
@@ -52,10 +59,26 @@ class CourseLogHandler(logging.Handler):
             pass
 
 
+def _show_machine_warnings_in_log(show):
+    """warnings.showwarning that sends `MACHINE_WARNINGS` to the course log and the rest to `show`."""
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if str(message).startswith(MACHINE_WARNINGS):
+            record = logging.LogRecord("warnings", logging.WARNING, filename, lineno,
+                                       f"{category.__name__}: {message}", None, None)
+            CourseLogHandler().emit(record)
+            return
+        show(message, category, filename, lineno, file, line)
+    showwarning.routes_machine_warnings = True
+    return showwarning
+
+
 def route() -> None:
-    """Send the records of `LOGGERS` to the course log only. Idempotent."""
+    """Send the records of `LOGGERS`, and the warnings in `MACHINE_WARNINGS`, to the course log
+    only. Idempotent."""
     for name in LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(h, CourseLogHandler) for h in logger.handlers):
             logger.addHandler(CourseLogHandler())
         logger.propagate = False
+    if not getattr(warnings.showwarning, "routes_machine_warnings", False):
+        warnings.showwarning = _show_machine_warnings_in_log(warnings.showwarning)

@@ -2,7 +2,7 @@
 one GPU): run it on a machine with at least one CUDA GPU and the course installed with a CUDA
 build of torch.
 
-    .venv/bin/python benchmarks/gpu_suite.py [--peak-tflops 989] [--budget 480] [--skip labs]
+    .venv/bin/python benchmarks/gpu_suite.py [--peak-tflops 989] [--budget 480] [--skip labs] [--labs b02 a09]
 
 Checks, each in its own Python process (so one crash, hang or CUDA error cannot take the
 others down, and `camplib.dist.launch` can fork NCCL ranks from a process that has not touched
@@ -17,8 +17,10 @@ CUDA yet), each with a timeout:
 - triton-test  tests/camplib/kernels/test_triton_flash.py's compiled-kernel tests;
 - nccl         camplib.dist.launch with backend "nccl", one rank per visible GPU: an
                all_reduce whose sum every rank checks.
-Prints one table (check, ok/FAILED, seconds, detail) and exits 1 on any failure; exits 2 at
-once, saying so, when no CUDA device is present.
+The five checks above run first, then the labs, each started only while the suite has spent
+less than --budget seconds: a lab left out for time is a row "NOT RUN" with the reason, and the
+last line counts them (never a silent pass). Prints one table (check, ok/FAILED/NOT RUN, seconds,
+detail) and exits 1 on any failure; exits 2 at once, saying so, when no CUDA device is present.
 """
 from __future__ import annotations
 
@@ -186,6 +188,9 @@ def main() -> int:
     parser.add_argument("--one", choices=list(CHECKS), help=argparse.SUPPRESS)
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak (default: by name)")
     parser.add_argument("--skip", nargs="*", default=[], help="checks to leave out: labs, " + ", ".join(CHECKS))
+    parser.add_argument("--labs", nargs="*", default=None, help="lab ids to run (default: every ready lab)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds after which no further lab is started (the rest are reported NOT RUN)")
     parser.add_argument("--lab-timeout", type=int, default=300,
                         help="seconds per lab's gpu run (a07, a08 and p02 load SmolLM2-135M; a08 compiles and "
                              "exports it: none of this has been timed on a GPU yet)")
@@ -207,16 +212,9 @@ def main() -> int:
     # CUDA checks by NVML, which does not initialise CUDA: a process that initialised it cannot
     # fork NCCL ranks (camplib.dist.launch forks)
     env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    camp = str(Path(sys.executable).parent / "camp")
+    camp_script = Path(sys.executable).parent / "camp"   # installed by `make setup`; else the module
+    camp = [str(camp_script)] if camp_script.exists() else [sys.executable, "-m", "autograder.cli"]
     suite_start = time.perf_counter()
-    if "labs" not in args.skip:
-        with tempfile.TemporaryDirectory() as out:
-            for lab in ready_labs():
-                ok, secs, stdout, stderr = _child([camp, "run", lab, "--profile", "gpu", "--out", out],
-                                                  args.lab_timeout, env)
-                row = next((l for l in stdout.splitlines() if l.split()[:1] == [lab]), "")   # camp run's table row
-                tail = row if ok else (row + " " + (stderr or stdout).strip()[-300:])
-                rows.append((f"lab:{lab}", ok, secs, " ".join(tail.split())))
     for name in CHECKS:
         if name in args.skip:
             continue
@@ -232,16 +230,30 @@ def main() -> int:
             result = json.loads(line[len(RESULT):])
             rows.append((name, ok and result["ok"], secs, result["detail"]))
 
+    if "labs" not in args.skip:
+        with tempfile.TemporaryDirectory() as out:
+            for lab in (args.labs if args.labs is not None else ready_labs()):
+                spent = time.perf_counter() - suite_start
+                if args.budget is not None and spent >= args.budget:
+                    rows.append((f"lab:{lab}", None, 0.0, f"not run: the suite's budget of {args.budget:.0f} s was spent"))
+                    continue
+                ok, secs, stdout, stderr = _child(camp + ["run", lab, "--profile", "gpu", "--out", out],
+                                                  args.lab_timeout, env)
+                row = next((l for l in stdout.splitlines() if l.split()[:1] == [lab]), "")   # camp run's table row
+                tail = row if ok else (row + " " + (stderr or stdout).strip()[-300:])
+                rows.append((f"lab:{lab}", ok, secs, " ".join(tail.split())))
     if not rows:
         print("gpu_suite: every check was skipped: nothing checked", file=sys.stderr)
         return 1
     width = max(len(r[0]) for r in rows)
-    print(f"{'check':<{width}}  {'result':<6}  {'seconds':>7}  detail")
+    print(f"{'check':<{width}}  {'result':<7}  {'seconds':>7}  detail")
     for name, ok, secs, detail in rows:
-        print(f"{name:<{width}}  {'ok' if ok else 'FAILED':<6}  {secs:7.1f}  {detail}")
-    failed = [r[0] for r in rows if not r[1]]
-    print(f"{len(rows) - len(failed)}/{len(rows)} ok in {time.perf_counter() - suite_start:.0f} s"
-          + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+        print(f"{name:<{width}}  {'NOT RUN' if ok is None else 'ok' if ok else 'FAILED':<7}  {secs:7.1f}  {detail}")
+    failed = [r[0] for r in rows if r[1] is False]
+    not_run = [r[0] for r in rows if r[1] is None]
+    print(f"{sum(1 for r in rows if r[1])}/{len(rows)} ok in {time.perf_counter() - suite_start:.0f} s"
+          + (f"; FAILED: {', '.join(failed)}" if failed else "")
+          + (f"; NOT RUN (budget): {', '.join(not_run)}" if not_run else ""))
     return 1 if failed else 0
 
 

@@ -3,8 +3,11 @@ LlamaForCausalLM, in every configuration of the default run, side by side in one
 
 Configurations: model family (GPT-2 style vs GPT2LMHeadModel, Llama style vs LlamaForCausalLM)
 x size (small, medium) x precision (fp32, bf16 autocast) x transformers' attention kernel
-(eager, sdpa). camplib's GPT runs with its default attention backend ("sdpa", torch's fused
-kernel; `--ours-attention math` shows the from-scratch path b01 teaches). Both models get the
+(eager, sdpa). camplib's GPT runs with its default attention backend ("auto": torch's fused
+kernel, or b01's explicit matmuls where camplib.attention_backend measured them faster for this
+device and dtype; `--ours-attention math|sdpa` pins one). The run starts by printing the CPU it
+ran on: torch's kernel level (get_cpu_capability), the CPU's vector / bf16 flags, and whether
+oneDNN computes bf16 natively; each configuration then prints the attention kernel "auto" chose. Both models get the
 same config and the same weights (ours is converted from the HF one), the same byte-level
 batches of real text (the Python standard library's source), the same AdamW and the same loss
 computed the same way from the logits, so the only difference is the model code. Both run
@@ -164,6 +167,37 @@ def run_config(family, size, precision, attn, data, args, device) -> dict:
     return dict(med=tok_s, losses=losses, shares=share, ratio=tok_s["camplib"] / tok_s["transformers"])
 
 
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+
+
+def cpu_description() -> str:
+    """The CPU flags this run had, as the kernels see them."""
+    flags = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    from camplib.attention_backend import native_on_cpu
+    present = [f for f in CPU_FLAGS if f in flags] or ["(flags unknown: no /proc/cpuinfo)"]
+    return (f"CPU: torch kernels {torch.backends.cpu.get_cpu_capability()}, flags {' '.join(present)}, "
+            f"native bf16 {native_on_cpu(torch.bfloat16)}, native fp16 {native_on_cpu(torch.float16)}, "
+            f"{torch.get_num_threads()} thread(s)")
+
+
+def attention_chosen(args, device, precision) -> str:
+    """What camplib's attention runs on in this configuration."""
+    if args.ours_attention != "auto":
+        return args.ours_attention
+    from camplib.attention_backend import choices
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    seen = [(key[2], got) for key, got in choices().items() if key[:2] == (device.type, dtype) and key[3]]
+    if not seen:
+        return "auto -> sdpa (not measured: fp32, CUDA, or no bf16 instructions)"
+    return "auto -> " + "; ".join(f"{got['backend']} for {shape} (" + ", ".join(
+        f"{b} {s * 1e3:.1f} ms" for b, s in got["seconds"].items()) + ")" for shape, got in seen)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -178,7 +212,7 @@ def main():
                         help="default: fp32 and bf16, bf16 only where the hardware has it")
     parser.add_argument("--attn", nargs="+", default=["eager", "sdpa"], choices=["eager", "sdpa"],
                         help="transformers' attention kernel(s)")
-    parser.add_argument("--ours-attention", default="sdpa", choices=["math", "flash", "sdpa"])
+    parser.add_argument("--ours-attention", default="auto", choices=["auto", "math", "flash", "sdpa"])
     parser.add_argument("--clock", default="wall", choices=["wall", "process"],
                         help="wall time, or this process's CPU time (CPU only, for shared machines)")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models' forward")
@@ -199,6 +233,7 @@ def main():
         print("note: this GPU has no bf16: bf16 left out")
         precisions = [p for p in precisions if p != "bf16"]
     data = stdlib_bytes(2_000_000)
+    print(cpu_description() if device.type == "cpu" else f"GPU: {torch.cuda.get_device_name()}; {cpu_description()}")
     print(f"{device.type}, {args.threads if device.type == 'cpu' else 1} thread(s); batch {args.batch} x seq {args.seq}, "
           f"{args.warmup} warm-up + {args.steps} timed AdamW steps per side, alternating step by step, median step; "
           f"camplib attention {args.ours_attention!r}; {'torch.compile' if args.compile else 'eager'} on both sides; "
@@ -219,6 +254,7 @@ def main():
             for precision in precisions:
                 for attn in args.attn:
                     res = run_config(family, size, precision, attn, data, args, device)
+                    res["attention"] = attention_chosen(args, device, precision)
                     ratios.append(res["ratio"])
                     name = "GPT2LMHeadModel" if family == "gpt2" else "LlamaForCausalLM"
                     sh = res["shares"]
@@ -228,7 +264,8 @@ def main():
                         ceilings.append(res["ratio"] / sh["camplib"])
                     print(f"{name:<18} {size:<7} {precision:<5} {attn:<8} {res['med']['camplib']:13.0f} "
                           f"{res['med']['transformers']:9.0f} {res['ratio']:6.2f}  {share:>13} {ceiling:>7}  "
-                          f"{res['losses']['camplib']:.4f} / {res['losses']['transformers']:.4f}", flush=True)
+                          f"{res['losses']['camplib']:.4f} / {res['losses']['transformers']:.4f}  "
+                          f"[camplib attention: {res['attention']}]", flush=True)
     print(f"lowest ratio camplib / transformers: {min(ratios):.2f} (goal >= {goal})")
     if ceilings:
         print(f"mm+attn share: the fraction of a profiled step in matrix products and attention (camplib / HF), "

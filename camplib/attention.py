@@ -9,8 +9,10 @@ Tensors follow torch's layout: (batch, heads, time, features).
 
 `attend` picks one of three backends that compute the same function: "math" (this file, the
 default of `attend` and `MultiHeadAttention`), "flash" (camplib.kernels.flash, lab a09: tiled,
-O(N) memory, key-padding masks only) and "sdpa" (torch's fused kernel, the fast one).
-`GPTConfig.attention` selects it for a model and defaults to "sdpa" (training speed); pass
+O(N) memory, key-padding masks only) and "sdpa" (torch's fused kernel, usually the fast one);
+"auto" lets `camplib.attention_backend.choose` pick "math" or "sdpa" for the tensors' device and
+dtype (measured once where it matters: bf16/fp16 on a CPU; else "sdpa"; overridable).
+`GPTConfig.attention` selects it for a model and defaults to "auto" (training speed); pass
 attention="math" to run the model on exactly what b01 builds.
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ from camplib.rope import RotaryEmbedding
 __all__ = ["softmax", "scaled_dot_product_attention", "causal_mask", "KVCache", "MultiHeadAttention", "attend",
            "BACKENDS"]
 
-BACKENDS = ("math", "flash", "sdpa")
+BACKENDS = ("math", "flash", "sdpa", "auto")
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -117,6 +119,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.T
     """
     if backend not in BACKENDS:
         raise ValueError(f"attention backend {backend!r}, expected one of {BACKENDS}")
+    if backend == "auto":
+        from camplib.attention_backend import choose   # measured once per device, dtype and size class
+        backend = choose(q.device, q.dtype, (q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)),
+                         backward=torch.is_grad_enabled() and q.requires_grad, attend=attend)
     B, H, T, _ = q.shape
     Hkv, S = k.size(1), k.size(2)
     if backend == "flash":
@@ -192,7 +198,7 @@ class MultiHeadAttention(nn.Module):
     n_kv_heads value heads (one matmul instead of three). With n_kv_heads < n_heads, each group
     of n_heads // n_kv_heads query heads shares one key/value head: the KV cache shrinks by that
     factor at little quality cost (GQA, Ainslie et al. 2023; n_kv_heads=1 is multi-query).
-    `backend` is the attention kernel (see `attend`): "math" (default), "flash" or "sdpa".
+    `backend` is the attention kernel (see `attend`): "math" (default), "flash", "sdpa" or "auto".
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True,

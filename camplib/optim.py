@@ -12,7 +12,6 @@ state_dict moves between this optimizer and torch.optim.AdamW in either directio
 """
 from __future__ import annotations
 
-import math
 from typing import Iterable
 
 import torch
@@ -53,7 +52,16 @@ class AdamW(torch.optim.Optimizer):
 def adamw_update_(p: torch.Tensor, grad: torch.Tensor, state: dict, lr: float, betas: tuple[float, float],
                   eps: float, weight_decay: float) -> None:
     """One AdamW step of `p` in place, its moments in `state` (created on the first step): the
-    update of torch.optim.AdamW (amsgrad=False, maximize=False), and the one home of it here."""
+    update of torch.optim.AdamW (amsgrad=False, maximize=False), and the one home of it here.
+
+    Bit for bit torch's default on the CPU (its single-tensor path, `_single_tensor_adam` in
+    torch/optim/adam.py: CPU tensors get neither the foreach nor the fused kernels unless asked):
+    the same operations in the same order, so every rounding is the same. Mathematically equal
+    forms round differently: m.mul_(b1).add_(g, alpha=1-b1) is ~1 ulp away from m.lerp_(g, 1-b1),
+    and Adam's division by sqrt(v) turns that into ~1e-7 on the weights within a few steps
+    (tests/camplib/test_optim.py checks torch.equal). CUDA's default (foreach) orders the
+    arithmetic differently: equal there within rounding only.
+    """
     beta1, beta2 = betas
     if not state:
         state["step"] = torch.tensor(0.0)
@@ -62,13 +70,20 @@ def adamw_update_(p: torch.Tensor, grad: torch.Tensor, state: dict, lr: float, b
     m, v = state["exp_avg"], state["exp_avg_sq"]
     state["step"] += 1
     t = state["step"].item()
-    p.mul_(1 - lr * weight_decay)                    # decoupled weight decay
-    m.mul_(beta1).add_(grad, alpha=1 - beta1)        # m = b1 m + (1 - b1) g
-    v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)  # v = b2 v + (1 - b2) g^2
-    m_scale = 1 - beta1 ** t                         # bias corrections
-    v_scale = math.sqrt(1 - beta2 ** t)
-    denom = (v.sqrt() / v_scale).add_(eps)           # eps outside the sqrt, as torch
-    p.addcdiv_(m, denom, value=-lr / m_scale)
+    # 1. decoupled weight decay, on the weights before the Adam step
+    if weight_decay != 0:
+        p.mul_(1 - lr * weight_decay)
+    # 2. the moments: m = b1 m + (1 - b1) g, written as torch does, m + (1 - b1)(g - m) (lerp)
+    m.lerp_(grad, 1 - beta1)
+    v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)      # v = b2 v + (1 - b2) g^2
+    # 3. bias corrections, as Python floats: lr / (1 - b1^t) folded into the step size, and
+    #    sqrt(1 - b2^t) as `** 0.5` (libm's pow, which may round differently from math.sqrt)
+    step_size = lr / (1 - beta1 ** t)
+    bias_correction2_sqrt = (1 - beta2 ** t) ** 0.5
+    # 4. denominator: sqrt(v) / sqrt(1 - b2^t), then + eps (eps outside the sqrt)
+    denom = (v.sqrt() / bias_correction2_sqrt).add_(eps)
+    # 5. p -= step_size * m / denom, in one fused op
+    p.addcdiv_(m, denom, value=-step_size)
 
 
 class PlainAdamW:

@@ -8,9 +8,17 @@ the message: nbclient waits for a cell's reply with the whole cell timeout, so a
 stalls a cell for exactly that long (seen twice: b01 in CI and a03 locally, each 120 s, the
 labs' cell timeout, then finishing normally). Here every wait is cut into slices of at most
 `SLICE_S`, each ending in a real poll, so a lost wake-up costs at most one slice.
+
+The kernel talks to it over Unix sockets in a private folder (transport "ipc"), not TCP on
+loopback: ipykernel 7 warns on stderr ("Kernel is running over TCP without encryption ...") for
+every TCP kernel without CurveZMQ keys, which `camp run` and `camp check` then printed for every
+lab, and any local user could connect to the ports. The sockets live in a 0700 folder of their
+own, removed when the manager goes.
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 import typing as t
 from queue import Empty
@@ -18,7 +26,7 @@ from queue import Empty
 from jupyter_client import AsyncKernelManager
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.channels import AsyncZMQSocketChannel
-from traitlets import DottedObjectName, Type
+from traitlets import CaselessStrEnum, DottedObjectName, Type
 
 SLICE_S = 0.5
 
@@ -46,3 +54,15 @@ class SlicedWaitKernelManager(AsyncKernelManager):
 
     client_class = DottedObjectName("autograder.course.kernel_client.SlicedWaitClient")
     client_factory = Type(klass="autograder.course.kernel_client.SlicedWaitClient")
+    transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        if self.transport == "ipc" and "ip" not in kwargs:   # else "kernel-ipc-N" files in the cwd
+            self._socket_dir = tempfile.mkdtemp(prefix="camp-kernel-")   # 0700
+            self.ip = f"{self._socket_dir}/kernel"
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        if not restart and getattr(self, "_socket_dir", None):
+            shutil.rmtree(self._socket_dir, ignore_errors=True)

@@ -58,8 +58,11 @@ class RankTimeout(TimeoutError):
     """The ranks did not finish in time (a hung collective, an endless loop)."""
 
 
-def default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+def default_backend(world_size: int | None = None) -> str:
+    """NCCL where every rank can have a GPU of its own (all of this machine's ranks when
+    `world_size` is given), else gloo: 4 ranks on a 1-GPU machine run on gloo, not fail."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and dist.is_nccl_available() else 0
+    return "nccl" if gpus and (world_size is None or gpus >= world_size) else "gloo"
 
 
 def under_torchrun() -> bool:
@@ -77,9 +80,10 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout: floa
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    backend = backend or default_backend()
     if under_torchrun():
+        backend = backend or default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
         return _run_under_torchrun(fn, world_size, args, backend, timeout)
+    backend = backend or default_backend(world_size)
     if backend == "nccl":
         if torch.cuda.device_count() < world_size:
             raise ValueError(f"nccl needs one GPU per rank: {world_size} ranks, "

@@ -13,7 +13,11 @@ into tiles of `block_q` rows and keys/values into tiles of `block_k` rows:
   storage), and use D = rowsum(dO * O) = rowsum(P * dP) for the softmax's backward
   dS = P * (dP - D), which would otherwise need a whole row of P at once.
 
-What autograd keeps is q, k, v (the inputs), O and L: O(N) per head.
+What autograd keeps is q, k, v (the inputs), O and L: O(N) per head. L, the log-sum-exp of each
+query's scaled, masked scores (logsumexp over keys of q k^T * scale), has q's shape without its
+feature dimension: (B, H, L) for (B, H, L, E) inputs, FlashAttention-2's `softmax_lse` layout, and
+(B, L) for inputs without a head dimension, (B, L, E) (one head). In the compute dtype (fp32 for
+fp16/bf16 inputs); -inf for a query that may attend to nothing.
 
 Masks: `is_causal` is aligned to the bottom right like `camplib.attention.causal_mask` (query i
 of L sits at position S - L + i; the usual triangle when L == S), and `key_padding_mask` (B, S),
@@ -41,10 +45,12 @@ def check_inputs(q, k, v, key_padding_mask, block_q, block_k) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"flash_attention: {name} must be a tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"flash_attention: {name} must be (batch, heads, time, head_dim), got shape {tuple(t.shape)}")
+        if t.dim() not in (3, 4) or t.dim() != q.dim():
+            raise ValueError(f"flash_attention: q, k, v must all be (batch, heads, time, head_dim) or all "
+                             f"(batch, time, head_dim), got {name} of shape {tuple(t.shape)} with q {tuple(q.shape)}")
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"flash_attention: {name} has dtype {t.dtype}; supported: {SUPPORTED_DTYPES}")
+    q, k, v = _with_heads(q), _with_heads(k), _with_heads(v)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"flash_attention: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
     if not (q.device == k.device == v.device):
@@ -67,6 +73,11 @@ def check_inputs(q, k, v, key_padding_mask, block_q, block_k) -> None:
         if key_padding_mask.shape != (B, S):
             raise ValueError(f"flash_attention: key_padding_mask must be (batch, keys) = {(B, S)}, "
                              f"got {tuple(key_padding_mask.shape)}")
+
+
+def _with_heads(t: torch.Tensor) -> torch.Tensor:
+    """(B, T, E) -> (B, 1, T, E), a view: inputs without a head dimension are one head."""
+    return t.unsqueeze(1) if t.dim() == 3 else t
 
 
 def _tile_scores(qi, kj, scale, r0, c0, causal_shift, kpm_j):
@@ -162,7 +173,9 @@ def flash_backward(q, k, v, o, lse, do, *, scale, is_causal, key_padding_mask, b
 
 
 class FlashAttention(torch.autograd.Function):
-    """Autograd saves q, k, v, O and lse, never a tile: backward recomputes them.
+    """Autograd saves q, k, v, O and lse, never a tile: backward recomputes them. lse is saved in
+    the conventional layout, q's shape without the feature dimension: (B, H, L), or (B, L) for
+    3-D inputs (see the module docstring).
 
     `forward_kernel` computes (O, lse) with flash_forward's keyword arguments; it is the one
     thing that differs between implementations (flash_forward here, the Triton kernel in
@@ -170,8 +183,10 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, key_padding_mask, is_causal, scale, block_q, block_k, forward_kernel=flash_forward):
-        o, lse = forward_kernel(q, k, v, scale=scale, is_causal=is_causal, key_padding_mask=key_padding_mask,
-                                block_q=block_q, block_k=block_k)
+        o, lse = forward_kernel(_with_heads(q), _with_heads(k), _with_heads(v), scale=scale, is_causal=is_causal,
+                                key_padding_mask=key_padding_mask, block_q=block_q, block_k=block_k)
+        if q.dim() == 3:                          # no head dimension in, none out
+            o, lse = o.squeeze(1), lse.squeeze(1)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.key_padding_mask = key_padding_mask   # bool mask, no gradient: kept as is
         ctx.settings = dict(scale=scale, is_causal=is_causal, block_q=block_q, block_k=block_k)
@@ -180,7 +195,12 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
+        no_heads = q.dim() == 3
+        if no_heads:
+            q, k, v, o, lse, do = (t.unsqueeze(1) for t in (q, k, v, o, lse, do))
         dq, dk, dv = flash_backward(q, k, v, o, lse, do, key_padding_mask=ctx.key_padding_mask, **ctx.settings)
+        if no_heads:
+            dq, dk, dv = dq.squeeze(1), dk.squeeze(1), dv.squeeze(1)
         return dq, dk, dv, None, None, None, None, None, None
 
 
@@ -189,7 +209,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
                     block_q: int = 64, block_k: int = 64) -> torch.Tensor:
     """softmax(q k^T * scale + masks) v, computed in tiles; differentiable in q, k, v.
 
-    q: (B, H, L, E); k, v: (B, Hkv, S, E) with H % Hkv == 0 (GQA); key_padding_mask: (B, S)
+    q: (B, H, L, E); k, v: (B, Hkv, S, E) with H % Hkv == 0 (GQA), or all three (B, L|S, E)
+    without a head dimension (one head); key_padding_mask: (B, S)
     bool, True = may attend; is_causal: bottom-right aligned (see the module docstring; equals
     torch's is_causal when L == S). scale defaults to 1/sqrt(E). Any strides are accepted (the
     tiles are slices and matmuls, not raw pointers). No dropout and no arbitrary attn_mask:

@@ -40,7 +40,7 @@ def build(args):
         served.name = args.model_name
     engine = Engine(served.model, block_size=args.block_size, num_blocks=args.num_blocks,
                     kv_cache_bytes=args.kv_cache_mb * 2**20, max_batch=args.max_batch,
-                    max_waiting=args.max_waiting, metrics=ServingMetrics(served.name))
+                    max_waiting=args.max_waiting, metrics=ServingMetrics(served.name, served.model.config.max_seq_len))
     return create_app(served, engine)
 
 

@@ -88,7 +88,12 @@ class Engine:
     def step(self) -> list[Sequence]:
         """Run one scheduling + decoding iteration; the sequences that got a token."""
         with self.lock:
+            before = list(self.scheduler.running)
             prefill, decode = self.scheduler.schedule()
+            now = time.monotonic()
+            for s in prefill:
+                s.scheduled_time = s.scheduled_time or now
+            preempted = sum(s.status is Status.WAITING or s in prefill for s in before)   # (re-admitted at once)
             if not prefill and not decode and self.scheduler.waiting:
                 # nothing runs, yet the queue's head does not fit: a leak, not a busy server
                 raise RuntimeError(f"{len(self.scheduler.waiting)} requests wait but none can be admitted: "
@@ -99,17 +104,16 @@ class Engine:
             # schedule() hands out again, on this thread)
             work = ([(decode, self._decode_inputs(decode))] if decode else []) + \
                    [([s], self._prefill_inputs(s)) for s in prefill]
-        if self.metrics is not None:
-            self.metrics._(self.metrics.prompt_tokens).inc(sum(len(s) for s in prefill))
         rows = [s for seqs, _ in work for s in seqs]
         logits = [paged_forward(self.model, self.pool, *inputs) for _, inputs in work]
         with self.lock:
-            if rows:
-                self._sample_and_finish(rows, torch.cat(logits))
+            first_prompts, generated = self._sample_and_finish(rows, torch.cat(logits)) if rows else (0, 0)
             self.steps += 1
             if self.metrics is not None:
-                self.metrics.on_step(len(self.scheduler.running), len(self.scheduler.waiting),
-                                     self.blocks.blocks_in_use, self.blocks.num_blocks, self.bytes_per_block)
+                self.metrics.on_step(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+                                     blocks_in_use=self.blocks.blocks_in_use, num_blocks=self.blocks.num_blocks,
+                                     bytes_per_block=self.bytes_per_block, preempted=preempted,
+                                     prompt_tokens=first_prompts, generated=generated)
         return rows
 
     def _tensor(self, values) -> torch.Tensor:
@@ -131,7 +135,9 @@ class Engine:
                 self._tensor([b for b, _ in last]), self._tensor([s for _, s in last]), self._tensor(padded),
                 self._tensor([len(s) for s in seqs]))
 
-    def _sample_and_finish(self, rows: list[Sequence], logits: torch.Tensor) -> None:
+    def _sample_and_finish(self, rows: list[Sequence], logits: torch.Tensor) -> tuple[int, int]:
+        """Append each row's sampled token, retire finished ones; (prompt tokens of the rows that
+        got their first token, tokens generated)."""
         greedy = [i for i, s in enumerate(rows) if s.params.temperature == 0]
         chosen = [0] * len(rows)
         if greedy:
@@ -141,13 +147,16 @@ class Engine:
             if s.params.temperature != 0:
                 p = s.params
                 chosen[i] = int(sample(logits[i:i + 1].float().cpu(), p.temperature, p.top_k, p.top_p, s.generator))
-        now = time.monotonic()
+        now, first_prompts, generated = time.monotonic(), 0, 0
         for seq, tok in zip(rows, chosen):
             if seq.finished:
                 continue   # aborted while the forward ran
             seq.output.append(tok)
+            generated += 1
+            if seq.first_token_time is None:
+                first_prompts += len(seq.prompt)
             if self.metrics is not None:
-                self.metrics.on_token(now, seq.arrival, seq.last_token_time)
+                self.metrics.on_token(seq, now)
             seq.first_token_time = seq.first_token_time or now
             seq.last_token_time = now
             reason = ("stop" if tok in seq.params.stop_ids else
@@ -158,10 +167,11 @@ class Engine:
                 self._observe_finish(seq)
             if seq.on_token is not None:
                 seq.on_token(seq, tok)
+        return first_prompts, generated
 
     def _observe_finish(self, seq: Sequence) -> None:
         if self.metrics is not None:
-            self.metrics.on_finish(time.monotonic(), seq.arrival, seq.finish_reason)
+            self.metrics.on_finish(seq, time.monotonic())
 
     # offline use ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None,

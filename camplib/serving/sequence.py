@@ -41,6 +41,7 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     arrival: float = field(default_factory=time.monotonic)
+    scheduled_time: float | None = None      # first admitted into the batch (not re-admissions)
     first_token_time: float | None = None
     last_token_time: float | None = None
     preemptions: int = 0

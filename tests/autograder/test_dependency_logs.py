@@ -45,3 +45,21 @@ def test_route_is_idempotent():
         logger = logging.getLogger(name)
         ours = [h for h in logger.handlers if type(h).__name__ == "CourseLogHandler"]
         assert len(ours) == 1 and not logger.propagate, (name, logger.handlers)
+
+
+def test_a_machine_warning_goes_to_the_course_log_and_others_to_stderr(tmp_path):
+    """torch's cuBLAS-context warning (an H200's autograd thread, a09's backward test) is about the
+    machine: course log. Any other warning, the student's included, still reaches stderr. In a
+    fresh interpreter: pytest replaces warnings.showwarning inside a test."""
+    import os
+    import subprocess
+    import sys
+    code = ("import warnings, autograder\n"
+            "warnings.warn('Attempting to run cuBLAS, but there was no current CUDA context! "
+            "Attempting to set the primary context... (Triggered internally at CublasHandlePool.cpp:335.)')\n"
+            "warnings.warn('a student warning')\n")
+    env = dict(os.environ, CAMP_LOG=str(tmp_path / "course.log"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "a student warning" in proc.stderr and "cuBLAS" not in proc.stderr, proc.stderr
+    assert "UserWarning: Attempting to run cuBLAS" in (tmp_path / "course.log").read_text()

@@ -1,5 +1,7 @@
-"""camplib.attention.attend's three backends ("math", "flash", "sdpa") compute the same function:
-outputs and gradients agree, alone and inside camplib's GPT (GPTConfig.attention)."""
+"""camplib.attention.attend's backends ("math", "flash", "sdpa", and "auto", which picks math or sdpa:
+camplib.attention_backend) compute the same function: outputs and gradients agree, alone and inside
+camplib's GPT (GPTConfig.attention); "auto"'s choice is measured once per size class, cached and
+overridable."""
 import pytest
 import torch
 
@@ -96,3 +98,92 @@ def test_unknown_backend_is_named():
         MultiHeadAttention(8, 2, backend="fast")
     with pytest.raises(ValueError, match="GPTConfig.attention='fast'"):
         GPTConfig(attention="fast")
+
+
+# -- "auto": the measured, cached, overridable choice (camplib.attention_backend) ---------------------
+@pytest.fixture
+def fresh_choice(monkeypatch):
+    from camplib import attention_backend
+    monkeypatch.delenv(attention_backend.ENV, raising=False)
+    attention_backend.forget()
+    yield attention_backend
+    attention_backend.forget()
+
+
+def test_auto_measures_once_per_size_class_and_keeps_the_faster(fresh_choice, monkeypatch):
+    """With the timings replaced (math faster below 256 keys, sdpa above) on a CPU said to have bf16:
+    each (device, dtype, size class, backward) is measured once, at its class's shape, and the
+    faster kept; fp32 and CUDA are "sdpa" without measuring, and so is a CPU without bf16
+    instructions. (~0 s)"""
+    calls = []
+
+    def fake_measure(device, dtype, shape, backward=True, attend=None):
+        calls.append((str(device), dtype, shape, backward))
+        return {"math": 2e-3, "sdpa": 3e-3} if shape[3] <= 256 else {"math": 9e-3, "sdpa": 3e-3}
+
+    monkeypatch.setattr(fresh_choice, "native_on_cpu", lambda dtype: True)
+    monkeypatch.setattr(fresh_choice, "measure", fake_measure)
+    assert fresh_choice.choose("cpu", torch.bfloat16, (4, 4, 100, 100, 32)) == "math"
+    assert fresh_choice.choose(torch.device("cpu"), torch.bfloat16, (4, 4, 128, 128, 32)) == "math"   # same class
+    assert fresh_choice.choose("cpu", torch.bfloat16, (4, 4, 512, 512, 32)) == "sdpa"
+    assert fresh_choice.choose("cpu", torch.bfloat16, (4, 4, 1, 100, 32), backward=False) == "math"
+    assert fresh_choice.choose("cpu", torch.float16, (4, 4, 100, 100, 32)) == "math"
+    assert fresh_choice.choose("cpu", torch.float32, (4, 4, 100, 100, 32)) == "sdpa"
+    assert fresh_choice.choose("cuda", torch.bfloat16, (4, 4, 100, 100, 32)) == "sdpa"
+    assert calls == [("cpu", torch.bfloat16, (4, 4, 128, 128, 32), True), ("cpu", torch.bfloat16, (4, 4, 512, 512, 32), True),
+                     ("cpu", torch.bfloat16, (4, 4, 1, 128, 32), False), ("cpu", torch.float16, (4, 4, 128, 128, 32), True)], calls
+    assert fresh_choice.choices()[("cpu", torch.bfloat16, (4, 4, 128, 128, 32), True)] == {
+        "backend": "math", "seconds": {"math": 2e-3, "sdpa": 3e-3}}
+    fresh_choice.forget()
+    monkeypatch.setattr(fresh_choice, "native_on_cpu", lambda dtype: False)
+    assert fresh_choice.choose("cpu", torch.bfloat16, (4, 4, 100, 100, 32)) == "sdpa" and len(calls) == 4
+
+
+def test_auto_is_overridable_in_code_and_by_the_environment(fresh_choice, monkeypatch):
+    monkeypatch.setattr(fresh_choice, "measure", lambda *args, **kwargs: pytest.fail("an override must not measure"))
+    monkeypatch.setenv(fresh_choice.ENV, "math")
+    assert fresh_choice.choose("cpu", torch.float32) == "math"
+    fresh_choice.prefer("sdpa", "cpu", torch.float32)          # code beats the environment
+    assert fresh_choice.choose("cpu", torch.float32) == "sdpa" and fresh_choice.choose("cpu", torch.float64) == "math"
+    fresh_choice.prefer("sdpa")                                 # any device, any dtype
+    assert fresh_choice.choose("cuda", torch.bfloat16) == "sdpa"
+    fresh_choice.prefer(None)
+    fresh_choice.prefer(None, "cpu", torch.float32)
+    assert fresh_choice.choose("cpu", torch.float32) == "math"
+    with pytest.raises(ValueError, match="'flash'"):
+        fresh_choice.prefer("flash")
+    monkeypatch.setenv(fresh_choice.ENV, "fast")
+    with pytest.raises(ValueError, match="'fast'"):
+        fresh_choice.choose("cpu", torch.float32)
+
+
+def test_auto_runs_what_it_chose_inside_the_model(fresh_choice, monkeypatch):
+    """GPTConfig's default is "auto"; the model's attention then runs the chosen backend."""
+    import camplib.attention as attention_module
+    seen = []
+    real = attention_module.scaled_dot_product_attention
+    monkeypatch.setattr(attention_module, "scaled_dot_product_attention",
+                        lambda *a, **kw: seen.append("math") or real(*a, **kw))
+    model = GPT(GPTConfig.gpt2_style(vocab_size=20, n_layer=1, d_model=16, max_seq_len=8))
+    assert model.config.attention == "auto"
+    idx = torch.zeros(1, 8, dtype=torch.long)
+    model(idx)
+    assert seen == []                                   # fp32 on the CPU: torch's fused kernel
+    fresh_choice.prefer("math", "cpu", torch.float32)
+    model(idx)
+    assert seen == ["math"]
+
+
+def test_measure_times_both_backends_for_real():
+    """The real timing (fp32, cheap here): both backends timed, positive, finite. (~0.3 s)"""
+    from camplib.attention_backend import measure
+    seconds = measure("cpu", torch.float32, (2, 2, 64, 64, 16), rounds=1, attend=attend)
+    assert sorted(seconds) == ["math", "sdpa"] and all(0 < s < 60 for s in seconds.values()), seconds
+
+
+@pytest.mark.skipif(not __import__("camplib.attention_backend").attention_backend.native_on_cpu(torch.bfloat16),
+                    reason="this CPU has no bf16 instructions (AVX512-BF16 / AMX): 'auto' does not measure bf16 here")
+def test_auto_measures_bf16_on_a_bf16_cpu(fresh_choice):
+    choice = fresh_choice.choose("cpu", torch.bfloat16, (2, 4, 128, 128, 32), attend=attend)
+    measured = fresh_choice.choices()[("cpu", torch.bfloat16, (2, 4, 128, 128, 32), True)]
+    assert choice == min(measured["seconds"], key=measured["seconds"].get), measured

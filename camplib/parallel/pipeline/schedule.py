@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 __all__ = ["Action", "SCHEDULES", "as_actions", "bubble_theory", "build_schedule", "check_schedule", "gpipe",
-           "interleaved_1f1b", "one_f_one_b", "peak_in_flight", "simulate", "stage_of"]
+           "interleaved_1f1b", "micro_batches_for_idle_cut", "one_f_one_b", "peak_in_flight", "simulate", "stage_of"]
 
 
 class Action(NamedTuple):
@@ -129,6 +129,20 @@ def build_schedule(name: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
 def bubble_theory(p: int, m: int, v: int = 1) -> float:
     """The idle fraction of a flushed pipeline with uniform stages: (p-1) / (v*m + p-1)."""
     return (p - 1) / (v * m + p - 1)
+
+
+def micro_batches_for_idle_cut(p: int, v: int = 1, cut: float = 0.9, multiple_of: int = 1) -> int:
+    """The fewest micro-batches m (a multiple of `multiple_of`: p for interleaved) whose bubble
+    (p-1)/(v*m+p-1) is at most (1 - cut) times the naive schedule's, (p-1)/p: one batch, no
+    micro-batches, one rank working at a time (GPipe with m = 1). Solving the inequality gives
+    v*m >= p/(1-cut) - p + 1, i.e. v*m >= 9p + 1 for a 90% cut."""
+    if not 0 <= cut < 1:
+        raise ValueError(f"cut must be in [0, 1), got {cut}")
+    naive = bubble_theory(p, 1)
+    m = multiple_of
+    while bubble_theory(p, m, v) > (1 - cut) * naive * (1 + 1e-12):
+        m += multiple_of
+    return m
 
 
 def peak_in_flight(actions: list[Action]) -> int:

@@ -14,6 +14,9 @@
 - Sequence parallelism: what runs between the layers (norms, dropout, residual adds) runs on
   sequence shards; the parameters used there (`sequence_parallel` set on them) see only their
   shard's tokens, so `sync_sequence_parallel_grads` all-reduces their gradients over the group.
+  Forgetting it trains each rank on its own shard's gradient, silently, so it is refused: until
+  the sum is done, a torch optimizer's `step()` over such a parameter raises (a global optimizer
+  step pre-hook, installed by the first `mark_sequence_parallel`).
 
 Every split is checked by `split_evenly` when a layer is built, before any communication, so a bad
 size raises the same clear error on every rank. `Shard` / `shard_of` / `unshard` say how a dense
@@ -31,6 +34,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from camplib.attention import causal_mask, scaled_dot_product_attention
+from camplib.model import silu
 from camplib.parallel.tensor.comm import (
     all_reduce_max,
     all_reduce_sum,
@@ -117,21 +121,53 @@ def unshard(pieces: list[torch.Tensor], spec: Shard) -> torch.Tensor:
     return dense.narrow(spec.dim, 0, spec.dense_size or dense.size(spec.dim))
 
 
+# A sequence-parallel parameter's `grad_partial` is True while its .grad holds only this rank's
+# tokens (backward ran, the sum did not).
+_STEP_CHECK = None      # the handle of the optimizer step pre-hook, installed once
+
+
+def _mark_partial(p: torch.Tensor) -> None:
+    p.grad_partial = True
+
+
+def _refuse_partial_step(optimizer, args, kwargs) -> None:
+    """Before any torch optimizer's step: no parameter it updates may hold a partial gradient."""
+    pending = [p for group in optimizer.param_groups for p in group["params"]
+               if getattr(p, "grad_partial", False) and p.grad is not None]
+    if pending:
+        shapes = ", ".join(str(tuple(p.shape)) for p in pending[:4]) + (", ..." if len(pending) > 4 else "")
+        raise RuntimeError(
+            f"sequence parallelism: {len(pending)} parameters used on sequence shards (norms, the position "
+            f"table, row biases; shapes {shapes}) hold gradients of this rank's tokens only. Sum them over the "
+            "tensor-parallel group after backward and before optimizer.step(): model.sync_grads() "
+            "(camplib.parallel.tensor.layers.sync_sequence_parallel_grads)")
+
+
 def mark_sequence_parallel(*params: nn.Parameter) -> None:
-    """Flag parameters used on sequence shards: their gradients need an all-reduce over TP."""
+    """Flag parameters used on sequence shards: their gradients need an all-reduce over TP. From
+    then on each backward marks them partial until `sync_sequence_parallel_grads` sums them, and a
+    torch optimizer's step over a partial one raises instead of training on 1/t of the tokens."""
+    global _STEP_CHECK
+    if _STEP_CHECK is None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        _STEP_CHECK = register_optimizer_step_pre_hook(_refuse_partial_step)
     for p in params:
-        if p is not None:
+        if p is not None and not getattr(p, "sequence_parallel", False):
             p.sequence_parallel = True
+            p.grad_partial = False
+            p.register_post_accumulate_grad_hook(_mark_partial)
 
 
 def sync_sequence_parallel_grads(module: nn.Module, group=None) -> int:
     """Sum the gradients of `module`'s sequence-parallel parameters over the group, in one
-    all-reduce (call after backward). Returns how many parameters it summed."""
+    all-reduce (call after backward, once per optimizer step: after all the micro-batches of
+    gradient accumulation). Returns how many parameters it summed."""
     params = [p for p in module.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None]
     if params:
         flat = all_reduce_sum(torch.cat([p.grad.reshape(-1) for p in params]), group)
         for p, g in zip(params, flat.split([p.numel() for p in params])):
             p.grad.copy_(g.view_as(p.grad))
+            p.grad_partial = False
     return len(params)
 
 
@@ -241,7 +277,7 @@ class ParallelMLP(nn.Module):
         if self.kind == "gelu":
             return self.dropout(self.proj(F.gelu(self.fc(x), approximate=self.approximate)))
         x = self.gate.enter(x)  # one f (or one all-gather) for both column layers
-        return self.dropout(self.down(F.silu(self.gate.compute(x)) * self.up.compute(x)))
+        return self.dropout(self.down(silu(self.gate.compute(x)) * self.up.compute(x)))
 
 
 class ParallelAttention(nn.Module):
@@ -369,14 +405,20 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return grad.to(ctx.logits_dtype), None, None, None, None, None
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_start: int, vocab_size: int,
-                                 group=None, ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
+def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tensor, vocab_start: int,
+                                 vocab_size: int | None = None, group=None, ignore_index: int = -100,
+                                 reduction: str = "mean") -> torch.Tensor:
     """Mean cross-entropy over the non-ignored targets, like F.cross_entropy(full_logits, targets),
     from this rank's logits columns [vocab_start, vocab_start + V_local): (..., V_local) logits,
-    (...) targets. Columns at or past `vocab_size` are padding and excluded. reduction="sum": the
-    sum (a context-parallel shard's part, divided later by the whole sequence's token count)."""
+    (...) targets. Lab a03's signature, (local_logits, targets, vocab_start), then options:
+    `vocab_size` (default V_local * t, no padding): columns at or past it are padding and
+    excluded; reduction="sum": the sum (a context-parallel shard's part, divided later by the
+    whole sequence's token count)."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction={reduction!r}: expected 'mean' or 'sum'")
+    logits = local_logits
+    if vocab_size is None:
+        vocab_size = logits.size(-1) * tp_size(group)
     flat, tgt = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
     loss = _VocabParallelCrossEntropy.apply(flat, tgt, vocab_start, vocab_size, ignore_index, group)
     return loss.sum() if reduction == "sum" else loss.sum() / (tgt != ignore_index).sum()

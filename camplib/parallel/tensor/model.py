@@ -7,14 +7,15 @@ the vocab-parallel cross-entropy, so no rank holds the full logits.
 
 `from_dense(gpt)` loads a dense model's weights into this rank's shards (`shard_layout` says how
 each parameter is split), and `unshard` puts every rank's pieces back together: that is how the
-tests prove the split model computes exactly what the dense one does.
+tests prove the split model computes exactly what the dense one does. `TensorParallelBlock.from_dense`
+does the same for one trained `camplib.model.Block`.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from camplib.model import GPT, GPTConfig, make_norm
+from camplib.model import GPT, Block, GPTConfig, make_norm
 from camplib.parallel.tensor.layers import (
     ColumnParallelLinear,
     ParallelAttention,
@@ -31,7 +32,7 @@ from camplib.parallel.tensor.layers import (
 from camplib.parallel.tensor.comm import gather_from_tp, tp_rank, tp_size
 from camplib.rope import RotaryEmbedding
 
-__all__ = ["TensorParallelBlock", "TensorParallelGPT", "check_tp_config"]
+__all__ = ["TensorParallelBlock", "TensorParallelGPT", "check_tp_config", "load_dense_shards", "shard_layout"]
 
 
 def check_tp_config(cfg: GPTConfig, t: int, *, sequence_parallel: bool = False, pad_vocab: bool = True,
@@ -44,6 +45,30 @@ def check_tp_config(cfg: GPTConfig, t: int, *, sequence_parallel: bool = False, 
     split_evenly(padded_size(cfg.vocab_size, t) if pad_vocab else cfg.vocab_size, t, "vocab_size")
     if sequence_parallel and seq_len is not None:
         split_evenly(seq_len, t, "sequence length")
+
+
+def shard_layout(module: nn.Module) -> dict[str, Shard]:
+    """How every parameter of the dense model is split in `module` (built from the parallel
+    layers, with the dense model's parameter names), by name; Shard(None): held whole."""
+    layout = {}
+    for prefix, sub in module.named_modules():
+        if hasattr(sub, "shard_specs"):
+            for name, spec in sub.shard_specs().items():
+                layout[f"{prefix}.{name}" if prefix else name] = spec
+    return {name: layout.get(name, Shard(None)) for name, _ in module.named_parameters()}
+
+
+@torch.no_grad()
+def load_dense_shards(module: nn.Module, dense_params: dict[str, torch.Tensor], group=None) -> None:
+    """Copy this rank's shard of every dense parameter (by name) into `module`'s parameters."""
+    rank, t = tp_rank(group), tp_size(group)
+    layout = shard_layout(module)
+    missing = sorted(set(layout) - set(dense_params))
+    if missing:
+        raise KeyError(f"dense parameters missing: {missing}")
+    params = dict(module.named_parameters())
+    for name, spec in layout.items():
+        params[name].copy_(shard_of(dense_params[name], spec, rank, t))
 
 
 class TensorParallelBlock(nn.Module):
@@ -62,6 +87,20 @@ class TensorParallelBlock(nn.Module):
                                dropout=cfg.dropout, **sp)
         if sequence_parallel:
             mark_sequence_parallel(*self.ln1.parameters(), *self.ln2.parameters())
+
+    @classmethod
+    def from_dense(cls, block: Block, group=None, *, sequence_parallel: bool = False) -> TensorParallelBlock:
+        """This rank's shards of a trained dense `camplib.model.Block` (same dtype and device): it
+        computes what `block` computes, on the full sequence (B, T, d), or with `sequence_parallel`
+        on this rank's shard of it (B, T/t, d), whose gradients then need `sync_sequence_parallel_grads`.
+        Attention and MLP weights are split (Megatron's plan); norms are copied whole."""
+        cfg = block.config
+        rope = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_pairing)
+                if cfg.pos == "rope" else None)
+        weight = next(block.parameters())
+        model = cls(cfg, rope, sequence_parallel, group).to(device=weight.device, dtype=weight.dtype)
+        load_dense_shards(model, dict(block.named_parameters()), group)
+        return model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -116,23 +155,10 @@ class TensorParallelGPT(nn.Module):
 
     def shard_layout(self) -> dict[str, Shard]:
         """How every parameter of the dense model is split here, by name."""
-        layout = {}
-        for prefix, module in self.named_modules():
-            if hasattr(module, "shard_specs"):
-                for name, spec in module.shard_specs().items():
-                    layout[f"{prefix}.{name}" if prefix else name] = spec
-        return {name: layout.get(name, Shard(None)) for name, _ in self.named_parameters()}
+        return shard_layout(self)
 
-    @torch.no_grad()
     def load_dense(self, dense_params: dict[str, torch.Tensor]) -> None:
-        rank, t = tp_rank(self.group), tp_size(self.group)
-        layout = self.shard_layout()
-        missing = sorted(set(layout) - set(dense_params))
-        if missing:
-            raise KeyError(f"dense parameters missing: {missing}")
-        params = dict(self.named_parameters())
-        for name, spec in layout.items():
-            params[name].copy_(shard_of(dense_params[name], spec, rank, t))
+        load_dense_shards(self, dense_params, self.group)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         T = idx.size(1)
@@ -165,5 +191,6 @@ class TensorParallelGPT(nn.Module):
         return gather_from_tp(logits, self.group)[..., :self.config.vocab_size]
 
     def sync_grads(self) -> int:
-        """After backward with sequence parallelism: sum the sequence-parallel gradients."""
+        """After backward with sequence parallelism: sum the sequence-parallel gradients. A torch
+        optimizer's step() before it raises (camplib.parallel.tensor.layers.mark_sequence_parallel)."""
         return sync_sequence_parallel_grads(self, self.group) if self.sequence_parallel else 0

@@ -112,21 +112,32 @@ def default_units(model: nn.Module) -> list[nn.Module]:
 
 
 class ZeroAdamW:
-    """AdamW (camplib.optim's, i.e. torch.optim.AdamW's math) under ZeRO stage 0-3.
+    """An optimizer under ZeRO stage 0-3: AdamW by default (camplib.optim's, i.e. torch.optim.AdamW's
+    math), or any element-wise torch optimizer, as torch's ZeroRedundancyOptimizer takes one.
 
     Build it after the model is on its device and in its dtype, on every rank with the same
-    initial weights. Train with `opt.zero_grad(); loss.backward(); opt.step()`. The optimizer
-    steps master weights in `master_dtype`; None (the default) means the parameters' own dtype
-    when it is fp32 or wider, else fp32. So bf16/fp16 parameters get an fp32 master copy of the
-    shard (mixed precision, K = 12 bytes of state per parameter), while fp32 (or fp64)
-    parameters are their own master (K = 8, or 16 in fp64): the shard of the parameters is
-    stepped in place. `bucket_mb`: the size of the gradient buckets of stages 0-2 (stage 3
-    gathers and reduces module by module, see `units`).
+    initial weights. Train with `opt.zero_grad(); loss.backward(); opt.step()`.
+
+    `optimizer_class(shards, **optimizer_kwargs)` is built on this rank's master shards only
+    (one flat tensor per bucket or unit), so its state (AdamW's exp_avg and exp_avg_sq, SGD's
+    momentum buffer) has Ψ/N elements per rank from stage 1 on: ZeRO shards whatever the state
+    is. That is exact for optimizers whose update is element by element (SGD, Adam, AdamW,
+    RMSprop, Adagrad...): a slice of a flat buffer is stepped as the whole tensors would be.
+    One that looks at a whole tensor (a norm per layer as in LAMB, a matrix shape as in Muon or
+    Adafactor) would see slices instead and must not be used here. `**optimizer_kwargs`: lr,
+    betas, eps, weight_decay, momentum...; the class's own defaults apply otherwise.
+
+    The optimizer steps master weights in `master_dtype`; None (the default) means the
+    parameters' own dtype when it is fp32 or wider, else fp32. So bf16/fp16 parameters get an
+    fp32 master copy of the shard (mixed precision, K = 12 bytes of state per parameter with
+    AdamW), while fp32 (or fp64) parameters are their own master (K = 8, or 16 in fp64): the
+    shard of the parameters is stepped in place. `bucket_mb`: the size of the gradient buckets
+    of stages 0-2 (stage 3 gathers and reduces module by module, see `units`).
     """
 
-    def __init__(self, model: nn.Module, stage: int, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, collectives=None, group=None, master_dtype: torch.dtype | None = None,
-                 units: list[nn.Module] | None = None, bucket_mb: float = 25.0):
+    def __init__(self, model: nn.Module, stage: int, optimizer_class: type[torch.optim.Optimizer] | None = None, *,
+                 collectives=None, group=None, master_dtype: torch.dtype | None = None,
+                 units: list[nn.Module] | None = None, bucket_mb: float = 25.0, **optimizer_kwargs):
         if stage not in (0, 1, 2, 3):
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
         self.model, self.stage = model, stage
@@ -149,7 +160,7 @@ class ZeroAdamW:
             buckets = make_buckets(trainable[::-1], int(bucket_mb * 2**20))
             self.flat_units = [self._new_unit(b.params) for b in buckets]
         self.masters = [self._new_master(u) for u in self.flat_units]
-        self.optimizer = AdamW(self.masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.optimizer = (optimizer_class or AdamW)(self.masters, **optimizer_kwargs)
         self.grad_full = self.grad_shards = None
         if stage <= 1:        # full gradients live on, as views of one buffer per unit
             self.grad_full = [torch.zeros_like(u.full) for u in self.flat_units]

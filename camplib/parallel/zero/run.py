@@ -144,7 +144,7 @@ def train_zero_on_ranks(stage: int, world_size: int, model_spec: dict, data: dic
     (the most bytes of gradients held at once, backward included, measured from outside the
     optimizer), "master_dtypes" (of the optimizer's master weights), "history" (parameters
     after each step, if asked), "n_params", "bytes_sent" and "calls". `hyper` goes to ZeroAdamW
-    (lr, betas, eps, weight_decay, master_dtype, bucket_mb)."""
+    (optimizer_class, master_dtype, bucket_mb, and the optimizer's lr, betas, weight_decay...)."""
     return on_ranks(_zero_rank, world_size, stage, model_spec, data, steps, dict(hyper or {}), ring,
                     record_history, backend="gloo", timeout=timeout)
 

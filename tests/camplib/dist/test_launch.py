@@ -220,3 +220,15 @@ def test_a_dead_rank_is_reported_even_when_a_peers_error_arrives_first(monkeypat
     monkeypatch.setattr(sys.modules["camplib.dist.launch"], "GRACE_SECONDS", 10.0)
     with pytest.raises(RankDied, match=r"rank 0 died without a result .exit code 3.*rank 1 raised RuntimeError"):
         launch(_dies_after_its_peer_raised, 2, timeout=30)
+
+
+@pytest.mark.parametrize("gpus, world_size, expected", [(0, 2, "gloo"), (1, 1, "nccl"), (1, 2, "gloo"),
+                                                        (4, 4, "nccl"), (8, 4, "nccl"), (2, None, "nccl")])
+def test_default_backend_is_nccl_only_when_every_rank_has_a_gpu(monkeypatch, gpus, world_size, expected):
+    """Seen on a 1-GPU H200: b06's 2 ranks with the default backend failed with "nccl needs one
+    GPU per rank" instead of running on gloo."""
+    from camplib.dist import default_backend
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    assert default_backend(world_size) == expected

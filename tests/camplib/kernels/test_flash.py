@@ -116,7 +116,8 @@ def test_saved_for_backward_grows_linearly_not_quadratically():
 
 
 @pytest.mark.parametrize("bad, message", [
-    (dict(q=torch.randn(2, 3, 4)), "must be \\(batch, heads, time, head_dim\\)"),
+    (dict(q=torch.randn(2, 3, 4)), "must all be \\(batch, heads, time, head_dim\\) or all \\(batch, time, head_dim\\)"),
+    (dict(q=torch.randn(2, 3)), "must all be"),
     (dict(q=torch.randn(1, 3, 4, 8)), "multiple of n_kv_heads"),
     (dict(q=torch.randn(1, 2, 4, 6)), "agree on batch and head_dim"),
     (dict(q=torch.randint(0, 3, (1, 2, 4, 8))), "dtype"),
@@ -160,3 +161,62 @@ def test_one_function_whatever_computes_the_forward():
     assert calls == [8], f"the given forward kernel was called {calls}"
     for name, a, e in zip(["out", "dq", "dk", "dv"], mine, ref):
         assert_close(f"{name} (custom forward kernel)", a, e, **TOL[torch.float64])
+
+
+def saved_lse(fn, q, k, v):
+    """The log-sum-exp FlashAttention saved for backward: the saved tensor after q, k, v and O."""
+    out = fn(*(t.detach().requires_grad_() for t in (q, k, v)))
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 5, [tuple(t.shape) for t in saved]
+    return saved[4]
+
+
+def reference_lse(q, k, is_causal, kpm):
+    """torch.logsumexp over the keys of the scaled, masked scores, per (batch, head, query)."""
+    group = q.size(1) // k.size(1)
+    scores = (q @ k.repeat_interleave(group, 1).transpose(-2, -1)) * q.size(-1) ** -0.5
+    mask = torch.ones(q.size(0), 1, q.size(2), k.size(2), dtype=torch.bool)
+    if is_causal:
+        mask = mask & causal_mask(q.size(2), k.size(2))
+    if kpm is not None:
+        mask = mask & kpm[:, None, None, :]
+    return torch.logsumexp(scores.masked_fill(~mask, float("-inf")), dim=-1)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("seed", [0, 1, 3, 4, 6])        # GQA groups of 1-4, causal or not, padded or not
+def test_saved_lse_is_batch_heads_queries_and_equals_torch_logsumexp(seed):
+    """The lse autograd keeps is (B, H, L), FlashAttention-2's softmax_lse layout (one value per
+    query head, GQA included), equal to torch.logsumexp of the scaled masked scores. fp64: 1e-12.
+    (~0.1 s)"""
+    q, k, v, is_causal, kpm = random_case(seed, torch.float64)
+    lse = saved_lse(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, key_padding_mask=kpm,
+                                                    block_q=16, block_k=16), q, k, v)
+    assert lse.shape == q.shape[:3], f"lse shape {tuple(lse.shape)}, expected (B, H, L) = {tuple(q.shape[:3])}"
+    assert_close("lse vs torch.logsumexp of the scores", lse, reference_lse(q, k, is_causal, kpm),
+                 atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_inputs_without_a_head_dimension_are_one_head(is_causal):
+    """(B, T, E) inputs (no head dimension, as many assignments write attention): lse is saved as
+    (B, T) = torch.logsumexp of the scores, and outputs and gradients equal the 4-D call with one
+    head bit for bit, and torch's attention within fp64 rounding (1e-12). (~0.05 s)"""
+    g = torch.Generator().manual_seed(5)
+    q, k, v, grad_out = (torch.randn(3, 37, 12, generator=g, dtype=torch.float64) for _ in range(4))
+    flash = lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, block_q=16, block_k=8)   # noqa: E731
+    lse = saved_lse(flash, q, k, v)
+    assert lse.shape == (3, 37), f"lse shape {tuple(lse.shape)}, expected (B, T) = (3, 37)"
+    scores = (q @ k.transpose(-2, -1)) / 12 ** 0.5
+    if is_causal:
+        scores = scores.masked_fill(~causal_mask(37), float("-inf"))
+    assert_close("lse of (B, T, E) inputs vs torch.logsumexp", lse, torch.logsumexp(scores, dim=-1), atol=1e-12, rtol=1e-12)
+    three_d = outputs_and_grads(flash, q, k, v, grad_out)
+    four_d = outputs_and_grads(flash, q[:, None], k[:, None], v[:, None], grad_out[:, None])
+    ref = outputs_and_grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal), q, k, v,
+                            grad_out)
+    for name, a, b, r in zip(["out", "dq", "dk", "dv"], three_d, four_d, ref):
+        assert a.shape == r.shape, (name, a.shape, r.shape)
+        assert torch.equal(a, b.squeeze(1)), f"{name}: (B, T, E) differs from (B, 1, T, E)"
+        assert_close(f"{name} of (B, T, E) inputs vs torch", a, r, atol=1e-12, rtol=1e-10)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from camplib.kernels.triton_flash import interpreted, triton_available, triton_flash_attention
-from tests.camplib.kernels.test_flash import outputs_and_grads, random_case, sdpa_reference
+from tests.camplib.kernels.test_flash import outputs_and_grads, random_case, reference_lse, saved_lse, sdpa_reference
 from tests.support import assert_close
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="Triton is a dependency on Linux only")
@@ -32,6 +32,24 @@ def test_triton_forward_equals_sdpa(seed):
                             q, k, v, grad_out)
     for name, a, e in zip(["out", "dq", "dk", "dv"], mine, ref):
         assert_close(f"{name} ({case})", a, e, **TOL)
+
+
+@pytest.mark.parity
+def test_triton_lse_has_the_same_layout_and_values():
+    """The Triton forward's lse, as autograd saves it: (B, H, L) for 4-D inputs (GQA case), (B, L) for
+    (B, L, E) inputs, equal to torch.logsumexp of the masked scores (fp32, atol 2e-5). (~1-3 s interpreted)"""
+    device = "cuda" if not interpreted() else "cpu"
+    q, k, v, is_causal, kpm = random_case(1, torch.float32)
+    flash = lambda q, k, v: triton_flash_attention(q, k, v, is_causal=is_causal, block_q=16, block_k=16,   # noqa: E731
+                                                   key_padding_mask=None if kpm is None else kpm.to(device))
+    lse = saved_lse(flash, q.to(device), k.to(device), v.to(device)).cpu()
+    assert lse.shape == q.shape[:3], (tuple(lse.shape), tuple(q.shape))
+    assert_close("Triton lse (B, H, L)", lse, reference_lse(q, k, is_causal, kpm), **TOL)
+    q3, k3, v3 = (t[:, 0].contiguous() for t in (q, q, q))      # one head, no head dimension
+    lse3 = saved_lse(lambda q, k, v: triton_flash_attention(q, k, v, block_q=16, block_k=16),
+                     q3.to(device), k3.to(device), v3.to(device)).cpu()
+    assert lse3.shape == q3.shape[:2], (tuple(lse3.shape), tuple(q3.shape))
+    assert_close("Triton lse (B, L)", lse3, reference_lse(q3[:, None], k3[:, None], False, None)[:, 0], **TOL)
 
 
 @pytest.mark.parametrize("bad, error, message", [

@@ -88,13 +88,13 @@ def test_malformed_json_is_400(server):
 
 
 def test_disconnect_mid_stream_frees_slot_and_blocks(server, client):
-    aborted = server.metric('vllm:request_success_total{finished_reason="abort"')
+    aborted = server.metric('vllm:request_success_total{engine="0",finished_reason="abort"')
     with httpx.stream("POST", server.base + "/v1/completions", timeout=10,
                       json={"model": MODEL, "prompt": "go", "max_tokens": 250, "stream": True}) as r:
         lines = r.iter_lines()
         assert next(l for l in lines if l.startswith("data:"))   # generation has started
     deadline = time.monotonic() + 10
-    while server.metric('vllm:request_success_total{finished_reason="abort"') == aborted:
+    while server.metric('vllm:request_success_total{engine="0",finished_reason="abort"') == aborted:
         assert time.monotonic() < deadline, "the server never aborted the stream whose client left"
         time.sleep(0.05)
     health = server.health()
@@ -122,8 +122,8 @@ def test_metrics_use_vllm_names(server, client):
     client.completions.create(model=MODEL, prompt="count me", max_tokens=5)
     text = httpx.get(server.base + "/metrics", timeout=5).text
     for name in ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total",
-                 "vllm:time_to_first_token_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
-                 "vllm:e2e_request_latency_seconds_bucket", "vllm:kv_blocks_in_use", "vllm:kv_cache_usage_perc"]:
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+                 "vllm:e2e_request_latency_seconds_bucket", "camplib:kv_blocks_in_use", "vllm:kv_cache_usage_perc"]:
         assert f'{name}{{' in text, f"/metrics lacks {name}"
     assert server.metric("vllm:generation_tokens_total") >= 5 and server.metric("vllm:num_requests_running") == 0
 

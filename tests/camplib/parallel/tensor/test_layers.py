@@ -26,8 +26,8 @@ from camplib.parallel.tensor.layers import (
     unshard,
     vocab_parallel_cross_entropy,
 )
-from camplib.parallel.tensor.model import TensorParallelGPT, check_tp_config
-from camplib.parallel.tensor.run import run_split_gpt
+from camplib.parallel.tensor.model import TensorParallelBlock, TensorParallelGPT, check_tp_config, shard_layout
+from camplib.parallel.tensor.run import dense_block, run_split_gpt
 from tests.support import assert_close
 
 TOL = {"float64": {"atol": 1e-12, "rtol": 1e-10}, "float32": {"atol": 1e-6, "rtol": 1e-5}}
@@ -164,7 +164,7 @@ def _torch_tp_mlp_rank(rank, t, x):
         torch.manual_seed(3)
         dense = (SwiGLU(cfg) if kind == "swiglu" else MLP(cfg)).double()
         ours = ParallelMLP(cfg.d_model, cfg.ff_dim, kind, bias=True).double()
-        specs = _specs(ours)
+        specs = shard_layout(ours)
         ours.load_state_dict({n: shard_of(p.detach(), specs[n], rank, t) for n, p in dense.named_parameters()})
         theirs = parallelize_module(dense, mesh, plan)
         out[kind] = {name: _forward_backward(module, x) for name, module in (("ours", ours), ("torch", theirs))}
@@ -184,12 +184,6 @@ def _forward_backward(module, x) -> dict:
     (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum().backward()
     grads = {n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad) for n, p in module.named_parameters()}
     return {"y": y.detach(), "x.grad": xi.grad, "grads": grads}
-
-
-def _specs(module) -> dict[str, Shard]:
-    """name -> Shard for every parameter of a module built from the parallel layers."""
-    return {f"{prefix}.{n}".lstrip("."): s for prefix, m in module.named_modules() if hasattr(m, "shard_specs")
-            for n, s in m.shard_specs().items()}
 
 
 @pytest.mark.parity
@@ -265,3 +259,110 @@ def test_bad_layers_raise_on_every_rank_before_any_collective():
         assert len(res["errors"]) == len(expected), res["errors"]
         for message, words in zip(res["errors"], expected):
             assert message is not None and all(w in message for w in words), f"rank {rank}: {message!r}, expected {words}"
+
+
+# -- a trained dense block, sharded ----------------------------------------------------------------
+BLOCK_CASES = {"gpt2 TP": ("gpt2", False), "gpt2 SP": ("gpt2", True), "llama (GQA) TP": ("llama", False),
+               "llama (GQA) SP": ("llama", True)}
+
+
+def _block_from_dense_rank(rank, t, x, dy):
+    out = {}
+    for case, (style, sp) in BLOCK_CASES.items():
+        dense = dense_block(vars(STYLES[style]), seed=2, dtype="float64")
+        block = TensorParallelBlock.from_dense(dense, sequence_parallel=sp)
+        xi = (x.chunk(t, dim=1)[rank] if sp else x).clone().requires_grad_(True)
+        y = block(xi)
+        (y * (dy.chunk(t, dim=1)[rank] if sp else dy)).sum().backward()
+        synced = 0
+        if sp:
+            from camplib.parallel.tensor.layers import sync_sequence_parallel_grads
+            synced = sync_sequence_parallel_grads(block)
+        out[case] = {"y": y.detach(), "x_grad": xi.grad, "grads": {n: p.grad for n, p in block.named_parameters()},
+                     "layout": shard_layout(block), "synced": synced,
+                     "marked": sum(getattr(p, "sequence_parallel", False) for p in block.parameters())}
+    return out
+
+
+@pytest.mark.parity
+def test_block_from_dense_gives_the_dense_outputs_and_gradients(imported_once):
+    """TensorParallelBlock.from_dense(trained Block) on 2 gloo ranks: the block's output, the input's
+    gradient and every parameter's gradient (shards joined) equal the dense block's, plain TP and
+    with sequence parallelism (inputs and outputs as sequence shards), GPT-2 and Llama (GQA, RoPE)
+    blocks, fp64 atol 1e-12, rtol 1e-10. (~3 s)"""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 8, SMALL["d_model"], generator=g, dtype=torch.float64)
+    dy = torch.randn(2, 8, SMALL["d_model"], generator=g, dtype=torch.float64)
+    ranks = launch(_block_from_dense_rank, 2, x, dy, backend="gloo", timeout=TIMEOUT)
+    for case, (style, sp) in BLOCK_CASES.items():
+        dense = dense_block(vars(STYLES[style]), seed=2, dtype="float64")
+        xd = x.clone().requires_grad_(True)
+        y = dense(xd)
+        (y * dy).sum().backward()
+        grads = {n: p.grad for n, p in dense.named_parameters()}
+        per_rank = [r[case] for r in ranks]
+        layout = per_rank[0]["layout"]
+        assert sorted(layout) == sorted(grads), f"{case}: parameter names differ from the dense block's"
+        assert any(spec.dim is not None for spec in layout.values()), f"{case}: nothing was split"
+        if sp:
+            # norms (+ row biases for GPT-2): 6 or 2 parameters, each with a gradient to sum
+            assert per_rank[0]["synced"] == per_rank[0]["marked"] == (6 if style == "gpt2" else 2), \
+                f"{case}: {per_rank[0]['synced']} of {per_rank[0]['marked']} sequence-parallel gradients summed"
+            assert_close(f"{case} output (sequence shards joined)", torch.cat([r["y"] for r in per_rank], 1), y.detach(),
+                         **TOL["float64"])
+            assert_close(f"{case} input grad (shards joined)", torch.cat([r["x_grad"] for r in per_rank], 1), xd.grad,
+                         **TOL["float64"])
+        else:
+            for rank, r in enumerate(per_rank):
+                assert_close(f"{case} rank {rank} output", r["y"], y.detach(), **TOL["float64"])
+                assert_close(f"{case} rank {rank} input grad", r["x_grad"], xd.grad, **TOL["float64"])
+        for name, spec in layout.items():
+            pieces = [r["grads"][name] for r in per_rank]
+            if spec.dim is None:
+                for rank, piece in enumerate(pieces):
+                    assert_close(f"{case} rank {rank} grad {name} (held whole)", piece, grads[name], **TOL["float64"])
+            else:
+                assert_close(f"{case} grad {name} (shards joined)", unshard(pieces, spec), grads[name], **TOL["float64"])
+
+
+def _forgotten_sync_rank(rank, t):
+    from camplib.optim import AdamW
+    from camplib.parallel.tensor.layers import sync_sequence_parallel_grads
+    torch.manual_seed(0)
+    idx = torch.randint(0, SMALL["vocab_size"], (2, 8))
+    out = {}
+    for name, optimizer in (("torch AdamW", torch.optim.AdamW), ("camplib AdamW", AdamW), ("SGD", torch.optim.SGD)):
+        model = TensorParallelGPT(STYLES["gpt2"], sequence_parallel=True)
+        opt = optimizer(model.parameters(), lr=1e-2)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        model(idx, idx)[1].backward()
+        try:
+            opt.step()
+            out[name] = {"error": None}
+        except RuntimeError as exc:
+            out[name] = {"error": str(exc)}
+        out[name]["unchanged"] = all(torch.equal(before[n], p) for n, p in model.named_parameters())
+        # the right loop, with gradient accumulation: two backwards, one sum, one step
+        opt.zero_grad()
+        for _ in range(2):
+            model(idx, idx)[1].backward()
+        out[name]["summed"] = model.sync_grads()
+        opt.step()
+        model(idx, idx)[1].backward()
+        sync_sequence_parallel_grads(model)          # the function works as well as the method
+        opt.step()
+        out[name]["moved"] = not all(torch.equal(before[n], p) for n, p in model.named_parameters())
+    return out
+
+
+def test_forgetting_sync_grads_with_sequence_parallelism_is_a_clear_error(imported_once):
+    """Without model.sync_grads() after backward, the norms' (and the position table's) gradients hold
+    one rank's tokens only, and a step would train each rank differently, silently: a torch
+    optimizer's step() (torch's AdamW and SGD, camplib's AdamW) raises before changing anything, and
+    names the fix. After the sum (once per step, after accumulating two micro-batches) it steps. (~3 s)"""
+    for rank, res in enumerate(launch(_forgotten_sync_rank, 2, backend="gloo", timeout=TIMEOUT)):
+        for name, got in res.items():
+            assert got["error"] is not None, f"rank {rank}, {name}: step() without sync_grads() did not raise"
+            assert "sync_grads()" in got["error"] and "sequence" in got["error"], got["error"]
+            assert got["unchanged"], f"rank {rank}, {name}: the refused step changed parameters"
+            assert got["summed"] > 0 and got["moved"], (rank, name, got)
