@@ -16,7 +16,7 @@ SERVE_ARGS ?= --demo
 # Where `camp grade` writes and Formgrader reads: grading/, or `make lab CAMP_GRADING_DIR=DIR`
 # (make passes it on; relative to this folder); the exchange: exchange/ or CAMP_EXCHANGE_DIR.
 
-.PHONY: lab setup browser prometheus monitor test test-fast build check run clean constraints
+.PHONY: lab setup browser prometheus monitor slurm test test-fast build check run clean constraints
 
 # The server runs with the venv's bin first on PATH: nbgrader runs `alembic` by name, and
 # JupyterLab's terminals inherit it, so `camp`, `nbgrader` and `python` there are the course's
@@ -124,10 +124,22 @@ monitor: setup prometheus ## serve a model (SERVE_ARGS, default --demo) and scra
 	  $(PROMETHEUS) --config.file=course/monitoring/prometheus.yml --storage.tsdb.path=runs/prometheus \
 	    --web.listen-address=127.0.0.1:9090
 
+# Debian's slurm-wlm and munge, installed when missing and we are root, then a one-node Slurm
+# (course/slurm/start.sh, under a second): tests/autograder/grading/test_slurm.py and
+# benchmarks/grading_slurm.py grade through it. Otherwise says so loudly (those tests then report
+# themselves as not run, or fail under CI).
+slurm:
+	@command -v slurmctld >/dev/null || test -x /usr/sbin/slurmctld || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's slurm-wlm and munge for tests/autograder/grading/test_slurm.py"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+	  else echo "WARNING: slurm-wlm and munge are missing and cannot be installed here: the Slurm grading tests will not run"; fi; }
+	@if [ "$$(id -u)" = 0 ] && test -x /usr/sbin/slurmctld; then course/slurm/start.sh; fi
+
 # Two pytest-xdist workers (the machines this course targets have 2 cores), fed one work unit at a
 # time, slow tests first (tests/conftest.py says how the units are formed).
 PYTEST_WORKERS ?= 2
-test: setup browser prometheus ## the whole suite: library parity, build/run/grade round trips, the browser smoke test
+test: setup browser prometheus slurm ## the whole suite: library parity, build/run/grade round trips, the browser smoke test
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 
 test-fast: setup ## the inner loop (< 3 min): everything not marked slow

@@ -15,7 +15,8 @@ Where things live (one role per folder):
 |                 | `selfcheck` (camp check), `start` (camp start: a student's own copy),        |
 |                 | `labspec` (a lab read from its source notebook),                             |
 |                 | `reference` (reference submissions), `nbgrader_setup`                       |
-| `grading/`      | the trusted side of camp grade: `grade` (a class), `worker` (one submission  |
+| `grading/`      | the trusted side of camp grade: `grade` (a class; `readiness`: can this      |
+|                 | machine grade, which isolation), `worker` (one submission                    |
 |                 | in a pool process), `engine` (cells and tests), `program` (which cells run), |
 |                 | `remote` + `wire` (stand-ins for the student's objects), `entries` (a      |
 |                 | lab's forbidden names: aliases, resolution; both halves import it),         |

@@ -4,6 +4,7 @@
   camp build [LAB ...] [--check]     release labs/ from solutions/ (nbgrader)
   camp run [LAB ...] [--profile ci|gpu] [-p NAME VALUE ...] [--out DIR]
   camp grade SUBMISSIONS_DIR [--lab LAB] [--out DIR] [--jobs N] [--isolation auto|bwrap|none]
+             [--on slurm [--shards N] [--partition P] [--task-minutes M] [--cpus-per-task C] [--task-mem-gb G] [--sbatch OPT]]
   camp start LAB                     a student's own copy of a lab, in work/<lab>/
   camp check NOTEBOOK                a student's self-check
   camp serve CHECKPOINT [...]        p03's OpenAI-compatible server (= python -m camplib.serving)
@@ -90,11 +91,13 @@ def cmd_grade(args, catalog: Catalog, root: Path) -> int:
 
     try:   # first: the workers' imports then run while this process does its own
         labs = [catalog.get(args.lab)] if args.lab else catalog.ready()
-        start_fork_server([str(lab.source_path(root)) for lab in labs])
+        if args.on == "local":   # on Slurm the workers start in the array's tasks
+            start_fork_server([str(lab.source_path(root)) for lab in labs])
     except Exception:
         pass   # grade() starts it, reporting any real problem
     from .course.nbgrader_setup import grading_workspace
-    from .grading.grade import GradeOptions, GradingSetupError, grade
+    from .grading.grade import GradeOptions, grade
+    from .grading.readiness import GradingSetupError
 
     subs = Path(args.submissions)
     if not subs.is_dir():
@@ -107,7 +110,8 @@ def cmd_grade(args, catalog: Catalog, root: Path) -> int:
     try:
         from .grading.engine import new_seed
         seed = new_seed() if args.seed is None else args.seed
-        options = GradeOptions(jobs=args.jobs, isolation=args.isolation, regrade=args.regrade, seed=seed)
+        options = GradeOptions(jobs=args.jobs, isolation=args.isolation, regrade=args.regrade, seed=seed,
+                               on=args.on, slurm=_slurm_options(args) if args.on == "slurm" else None)
         rows = grade(subs, catalog, root, out, args.lab, options)
     except (GradingSetupError, KeyError) as exc:
         print(f"camp grade: {inert(exc, 2000)}", file=sys.stderr)
@@ -131,6 +135,12 @@ def cmd_grade(args, catalog: Catalog, root: Path) -> int:
             print(f"  {inert(r.student, 80)} {inert(r.lab, 40)}: {inert(r.message, 300)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _slurm_options(args):
+    from .grading.slurm import SlurmOptions
+    return SlurmOptions(shards=args.shards, partition=args.partition, minutes=args.task_minutes,
+                        cpus_per_task=args.cpus_per_task, mem_gb=args.task_mem_gb, extra=tuple(args.sbatch))
 
 
 def cmd_check(args, catalog: Catalog, root: Path) -> int:
@@ -194,7 +204,18 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--lab", help="grade only this lab")
     p.add_argument("--out", help="grading workspace (default: $CAMP_GRADING_DIR, else grading/ in the "
                    "repository; Formgrader in `make lab` reads the same)")
-    p.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
+    p.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1); with --on slurm: "
+                   "array tasks running at once")
+    p.add_argument("--on", choices=["local", "slurm"], default="local",
+                   help="where to grade: here (default) or as one Slurm job array (submitit), shard by shard")
+    p.add_argument("--shards", type=int, help="--on slurm: tasks in the array (default: --jobs)")
+    p.add_argument("--partition", help="--on slurm: the partition (default: the cluster's default)")
+    p.add_argument("--task-minutes", type=int, default=60, help="--on slurm: time limit of each task (default 60)")
+    p.add_argument("--cpus-per-task", type=int, default=1, help="--on slurm: cores of each task (default 1)")
+    p.add_argument("--task-mem-gb", type=float, help="--on slurm: memory of each task (default: the sandbox's "
+                   "memory limit + 3 GB for the grader's own process)")
+    p.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                   help="--on slurm: another sbatch option, e.g. --sbatch=--account=cs101 (repeatable)")
     p.add_argument("--isolation", choices=["auto", "bwrap", "namespace", "none"], default="auto",
                    help="sandbox for student code: bwrap (root + bubblewrap; auto picks it; namespace is its old name) or none (unsafe)")
     p.add_argument("--regrade", action="store_true", help="grade again even where a result is already recorded")

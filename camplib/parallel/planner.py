@@ -2,7 +2,8 @@
 devices and the memory of one device (after the Ultra-Scale Playbook's memory and
 communication calculators).
 
-Per rank, for one training step with AdamW and ZeRO-1 over dp x cp (`camplib.parallel.hybrid.trainer`):
+Per rank, for one training step with AdamW and ZeRO over dp x cp (`camplib.parallel.hybrid.trainer`;
+`zero_stage` 1: the optimizer state sharded, 2: the gradients too, 3: the parameters too):
 
 - parameters: counted exactly on a `meta`-device GPT (no memory), cut like camplib's layers:
   the blocks of the rank's pipeline stage (`split_layers`), the embeddings on the first stage,
@@ -113,8 +114,11 @@ def params_per_stage(cfg: GPTConfig, pp: int, tp: int) -> list[int]:
 
 
 def layout_cost(cfg: GPTConfig, shape: MeshShape, batch: int, seq_len: int, m: int = 1,
-                param_bytes: int = 2) -> dict:
-    """Memory and communication per rank of one step on `shape` (the busiest rank's)."""
+                param_bytes: int = 2, zero_stage: int = 1) -> dict:
+    """Memory and communication per rank of one step on `shape` (the busiest rank's). Memory
+    with `zero_stage` 2/3 (gradients, and parameters, sharded over dp x cp); communication as
+    ZeRO-1's (stages 2 and 3 reduce-scatter per micro-batch and stage 3 gathers parameters
+    around every use: more, not counted here)."""
     b, t, cp, pp, dp = param_bytes, shape.tp, shape.cp, shape.pp, shape.dp
     z = dp * cp                                                 # ZeRO-1's group: dp x cp
     tied_table = padded_size(cfg.vocab_size, t) // t * cfg.d_model * b if cfg.tie_embeddings and pp > 1 else 0
@@ -138,7 +142,9 @@ def layout_cost(cfg: GPTConfig, shape: MeshShape, batch: int, seq_len: int, m: i
         pp_send = m * act * ((0 if last else 1) + (0 if first else 1))
         dp_send = 2 * (z - 1) * (-(-n // z)) * b if z > 1 else 0
         cp_send = m * n_layers * (3 * cp - 2) * kv_block if cp > 1 else 0
-        memory = {"params": n * b, "grads": n * b, "optimizer": state * -(-n // z),
+        shard = -(-n // z)
+        memory = {"params": (shard if zero_stage >= 3 else n) * b, "grads": (shard if zero_stage >= 2 else n) * b,
+                  "optimizer": state * shard,
                   "activations": int(per_layer_act * n_layers * min(pp, m))}
         memory["total"] = sum(memory.values())
         rows.append({"params": n, "memory": memory, "tp_allreduce_payload": tp_payload, "pp_send": pp_send,

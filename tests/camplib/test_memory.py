@@ -212,3 +212,22 @@ def test_accounting_matches_cuda_allocations():
     opt.step()
     state_allocated = torch.cuda.memory_allocated() - before_step
     assert abs(state_allocated - 8 * psi) <= 2 * slack, (state_allocated, 8 * psi)
+
+
+def test_saved_activations_live_and_peak_follow_forwards_and_backwards():
+    """Two forwards in flight hold both graphs' activations (the shared input once); each
+    backward releases its own; the peak equals what saved_activation_bytes counts for the two."""
+    from camplib.memory import SavedActivations, saved_activation_bytes, storage_key
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+    x = torch.randn(8, 16)
+    params = {storage_key(p) for p in mlp.parameters()}
+    both, _ = saved_activation_bytes(lambda: (mlp(x).sum(), mlp(x).sum()), exclude=list(mlp.parameters()))
+    one, _ = saved_activation_bytes(lambda: mlp(x).sum(), exclude=list(mlp.parameters()))
+    with SavedActivations(lambda: params) as acts:
+        first, second = mlp(x).sum(), mlp(x).sum()
+        assert acts.live == acts.peak == both
+        first.backward()
+        assert acts.live == both - one + x.numel() * 4      # x stays saved by the second graph
+        second.backward()
+        assert acts.live == 0 and acts.peak == both

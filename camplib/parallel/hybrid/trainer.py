@@ -14,9 +14,15 @@ course's pieces, nothing copied:
   `pipeline.schedule` with one chunk per rank runs (`pipeline_step`). A tied token embedding /
   LM head lives on the first and the last stage: after backward its gradient is summed over the
   mesh's "embedding" group (one all-reduce, as Megatron does), so both copies step alike.
-- DP: ZeRO-1 (`ZeroAdamW`, lab a02) on the "dp_cp" group (the dp replicas and the cp shards
-  together): gradients reduce-scattered and divided by dp*cp, AdamW on a 1/(dp*cp) shard of the
-  optimizer state, parameters all-gathered back.
+- DP: ZeRO (`ZeroAdamW`, lab a02; `zero_stage` 1, 2 or 3) on the "dp_cp" group (the dp
+  replicas and the cp shards together): gradients reduce-scattered and divided by dp*cp, AdamW on
+  a 1/(dp*cp) shard of the optimizer state, parameters all-gathered back. Stage 2 reduce-scatters
+  each bucket during backward (once per micro-batch) and keeps only the gradient shard; stage 3
+  also keeps only a shard of each block's parameters (and of the rest of the stage: embeddings,
+  final norm, head), gathered around each use. The partial gradients that must be summed first
+  (below) are summed where ZeRO's hooks cannot have reduced them yet: a sequence-parallel
+  weight's in a hook that runs before ZeRO's; a tied table, kept in a bucket of its own on both
+  stages, as its reduced shard (the same slice of the table on both: the sums commute).
 
 One step on a rank: its dp shard of the batch, its cp chunks of each sequence, cut into m
 micro-batches, runs through the pipeline (the tp group computing every stage together), then
@@ -32,6 +38,7 @@ import torch
 from torch import nn
 
 from camplib.dist.ring import RingCollectives
+from camplib.memory import storage_bytes, storage_key
 from camplib.model import GPTConfig
 from camplib.parallel.context.ring import ContextShard, split_sequence
 from camplib.parallel.mesh import MeshShape, ProcessMesh, check_layout
@@ -43,7 +50,7 @@ from camplib.parallel.tensor.comm import all_reduce_sum
 from camplib.parallel.tensor.model import TensorParallelGPT
 from camplib.parallel.zero.optimizer import ZeroAdamW
 
-__all__ = ["HybridStage", "HybridTrainer", "check_hybrid"]
+__all__ = ["HybridStage", "HybridTrainer", "check_hybrid", "shard_batch"]
 
 
 def check_hybrid(shape: MeshShape, world_size: int, cfg: GPTConfig, batch: int, seq_len: int, m: int,
@@ -103,18 +110,32 @@ class HybridStage(PipelineStage):
         return total * cp / count
 
 
+def shard_batch(idx: torch.Tensor, targets: torch.Tensor, dp_rank: int, dp: int, cp_rank: int, cp: int):
+    """This rank's part of the whole batch: its dp replica's rows, then its zig-zag chunks of
+    every sequence (lab a05's exercise)."""
+    idx, targets = idx.chunk(dp)[dp_rank], targets.chunk(dp)[dp_rank]
+    if cp > 1:
+        idx, targets = split_sequence(idx, cp_rank, cp, dim=1), split_sequence(targets, cp_rank, cp, dim=1)
+    return idx, targets
+
+
 class HybridTrainer:
     """This rank's part of training `dense` (a camplib GPT, the same weights on every rank) on a
     process mesh: `step(idx, targets)` takes the WHOLE batch (every rank the same tensors), keeps
-    its dp shard and its cp chunks, runs the pipeline schedule and steps ZeRO-1. Returns the
-    batch's loss on the last stage's ranks (the mean over the dp replicas), None elsewhere.
+    its dp shard and its cp chunks (`shard`, default `shard_batch`), runs the pipeline schedule
+    and steps ZeRO (`zero_stage` 1-3). Returns the batch's loss on the last stage's ranks (the
+    mean over the dp replicas), None elsewhere.
     `ring`: ZeRO's collectives on camplib's ring (slower; every byte measurable).
     `sequence_parallel`: a03's SP inside every TP region. `device`: where the model and the
     batches live (a CUDA device with NCCL; the CPU with gloo)."""
 
     def __init__(self, dense: nn.Module, mesh: ProcessMesh, m: int, hyper: dict, schedule: str = "1f1b",
-                 timeout: float = 60.0, ring: bool = False, sequence_parallel: bool = False, device=None):
-        self.mesh, self.m, self.timeout = mesh, m, timeout
+                 timeout: float = 60.0, ring: bool = False, sequence_parallel: bool = False, device=None,
+                 zero_stage: int = 1, shard=None):
+        if zero_stage not in (1, 2, 3):
+            raise ValueError(f"zero_stage must be 1, 2 or 3 in the hybrid, got {zero_stage}")
+        self.mesh, self.m, self.timeout, self.zero_stage = mesh, m, timeout, zero_stage
+        self.shard = shard or shard_batch
         self.device = torch.device(device) if device is not None else dense.tok_emb.weight.device
         pp, tp_group = mesh.size("pp"), mesh.group("tp")
         context = ContextShard(mesh.group("cp")) if mesh.size("cp") > 1 else None
@@ -124,16 +145,25 @@ class HybridTrainer:
         self.actions = as_actions(build_schedule(schedule, pp, m))[mesh.coord("pp")]
         self.dtype = dense.tok_emb.weight.dtype
         self.tied = self.tp_model.lm_head.weight is self.tp_model.tok_emb.weight and pp > 1
+        if zero_stage >= 2 and self.tp_model.sequence_parallel:   # summed over tp before ZeRO's hook reduces them
+            for p in self.stage.parameters():
+                if getattr(p, "sequence_parallel", False):
+                    p.register_post_accumulate_grad_hook(self._sum_over_tp)
+        units = list(self.stage.blocks.values()) if zero_stage == 3 else []
+        if self.tied and zero_stage >= 2:   # the table in a unit of its own on both stages
+            units.append(self.tp_model.tok_emb if self.stage.is_first else self.tp_model.lm_head)
         # ring=True: ZeRO's reduce-scatter and all-gather as ring sends, whose bytes count_bytes sees
         collectives = RingCollectives(mesh.group("dp_cp")) if ring else None
-        self.optimizer = ZeroAdamW(self.stage, stage=1, group=mesh.group("dp_cp"), collectives=collectives, **hyper)
+        self.optimizer = ZeroAdamW(self.stage, stage=zero_stage, group=mesh.group("dp_cp"), collectives=collectives,
+                                   units=units, **hyper)
+
+    def _sum_over_tp(self, p: torch.Tensor) -> None:
+        p.grad.copy_(all_reduce_sum(p.grad, self.mesh.group("tp")))
 
     def step(self, idx: torch.Tensor, targets: torch.Tensor) -> float | None:
         dp, d = self.mesh.size("dp"), self.mesh.coord("dp")
         cp, c = self.mesh.size("cp"), self.mesh.coord("cp")
-        idx, targets = idx.chunk(dp)[d].to(self.device), targets.chunk(dp)[d].to(self.device)
-        if cp > 1:   # this rank's zig-zag chunks of every sequence
-            idx, targets = split_sequence(idx, c, cp, dim=1), split_sequence(targets, c, cp, dim=1)
+        idx, targets = (torch.as_tensor(t).to(self.device) for t in self.shard(idx, targets, d, dp, c, cp))
         micro = list(zip(idx.chunk(self.m), targets.chunk(self.m)))
         local_T = idx.size(1) // (self.mesh.size("tp") if self.tp_model.sequence_parallel else 1)
         shape = (idx.size(0) // self.m, local_T, self.tp_model.config.d_model)
@@ -160,9 +190,39 @@ class HybridTrainer:
     def sync_grads(self) -> None:
         """Sums the partial gradients backward left on this rank, before ZeRO averages over dp_cp:
         sequence-parallel weights over tp (each rank saw 1/t of the tokens), a tied embedding
-        between the first and the last stage (each saw one of its two uses)."""
-        if self.tp_model.sequence_parallel:
+        between the first and the last stage (each saw one of its two uses). ZeRO-2/3: the SP
+        weights were summed in their hooks; the tied table's reduced shard is summed here."""
+        if self.tp_model.sequence_parallel and self.zero_stage == 1:
             sync_sequence_parallel_grads(self.stage, self.mesh.group("tp"))
-        if self.tied and (self.stage.is_first or self.stage.is_last):
-            weight = self.tp_model.tok_emb.weight
+        if not (self.tied and (self.stage.is_first or self.stage.is_last)):
+            return
+        weight = self.tp_model.tok_emb.weight
+        if self.zero_stage == 1:
             weight.grad.copy_(all_reduce_sum(weight.grad, self.mesh.group("embedding")))
+            return
+        zero = self.optimizer
+        i = next(k for k, u in enumerate(zero.flat_units) if len(u.params) == 1 and u.params[0] is weight)
+        if not zero.flat_units[i].reduced:
+            zero._reduce_unit(i)
+        zero.grad_shards[i].copy_(all_reduce_sum(zero.grad_shards[i], self.mesh.group("embedding")))
+
+    def parameters_by_name(self) -> dict[str, torch.Tensor]:
+        """{name: a copy of this stage's parameter (its tp piece)}; ZeRO-3 gathers them (a
+        collective over dp_cp: every rank calls it)."""
+        return self.optimizer.full_parameters()
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes this rank keeps between steps: its parameters (ZeRO-3: shards), gradients (the
+        full buffers of ZeRO-1, the shards of ZeRO-2/3) and AdamW state (the two moments, and a
+        master copy where it is not the parameters' own storage)."""
+        zero = self.optimizer
+        if self.zero_stage == 3:
+            params = storage_bytes(u.shard for u in zero.flat_units)
+        else:
+            params = storage_bytes(self.stage.parameters())
+        grads = storage_bytes(zero.grad_full if self.zero_stage == 1 else zero.grad_shards)
+        moments = [t for st in zero.optimizer.state.values() for t in st.values()
+                   if isinstance(t, torch.Tensor) and t.dim() > 0]
+        shards = {storage_key(u.shard) for u in zero.flat_units}
+        masters = [m for m in zero.masters if storage_key(m) not in shards]
+        return {"params": params, "grads": grads, "optimizer": storage_bytes(moments + masters)}

@@ -132,7 +132,10 @@ class ZeroAdamW:
     fp32 master copy of the shard (mixed precision, K = 12 bytes of state per parameter with
     AdamW), while fp32 (or fp64) parameters are their own master (K = 8, or 16 in fp64): the
     shard of the parameters is stepped in place. `bucket_mb`: the size of the gradient buckets
-    of stages 0-2 (stage 3 gathers and reduces module by module, see `units`).
+    of stages 0-2 (stage 3 gathers and reduces module by module, see `units`). `units`: the
+    modules stage 3 gathers one at a time (default: `default_units`); stages 0-2 give each its own
+    bucket, the rest bucketed by size (camplib.parallel.hybrid.trainer keeps a tied embedding alone: its
+    shard is then the same slice of the table on the two pipeline stages that hold it).
     """
 
     def __init__(self, model: nn.Module, stage: int, optimizer_class: type[torch.optim.Optimizer] | None = None, *,
@@ -156,9 +159,11 @@ class ZeroAdamW:
             rest = [p for p in trainable if p not in owned]
             self.root = self._new_unit(rest) if rest else None
             self.flat_units = [u for _, u in self.units] + ([self.root] if self.root else [])
-        else:                 # buckets, in the order backward produces the gradients
-            buckets = make_buckets(trainable[::-1], int(bucket_mb * 2**20))
-            self.flat_units = [self._new_unit(b.params) for b in buckets]
+        else:                 # buckets, in the order backward produces the gradients; `units` each alone
+            alone = [[p for p in m.parameters() if p.requires_grad] for m in (units or [])]
+            taken = {id(p) for ps in alone for p in ps}
+            buckets = make_buckets([p for p in trainable if id(p) not in taken][::-1], int(bucket_mb * 2**20))
+            self.flat_units = [self._new_unit(ps) for ps in alone if ps] + [self._new_unit(b.params) for b in buckets]
         self.masters = [self._new_master(u) for u in self.flat_units]
         self.optimizer = (optimizer_class or AdamW)(self.masters, **optimizer_kwargs)
         self.grad_full = self.grad_shards = None

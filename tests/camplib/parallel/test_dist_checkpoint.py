@@ -40,6 +40,20 @@ def test_reshard_2x2x2_to_dp4_pp2_to_one_process_continues_the_same_losses(data,
     assert_close("parameters after the three legs", third["params"], expected["params"], atol=1e-10, rtol=0)
 
 
+@pytest.mark.slow   # 8 + 8 gloo ranks: 5-10 s on 2 shared cores
+def test_a_zero3_checkpoint_on_dp2_pp2_tp2_resumes_with_zero2_on_pp2_cp2_tp2(data, tmp_path):
+    """ZeRO-3's parameter and moment shards, gathered by name, resharded onto a context-parallel
+    mesh training with ZeRO-2: the losses of an uninterrupted run."""
+    expected = reference_run(SPEC, data, 4, "adamw", HYPER)
+    first = train_hybrid(SPEC, data, 2, MeshShape(dp=2, pp=2, tp=2), m=2, hyper=HYPER, save_to=tmp_path / "a",
+                         zero_stage=3)
+    second = train_hybrid(SPEC, data, 2, MeshShape(pp=2, cp=2, tp=2), m=2, hyper=HYPER, start=2,
+                          resume_from=tmp_path / "a", zero_stage=2)
+    assert_close("losses of 2 steps on 2x2x2 with ZeRO-3, 2 on pp=2 cp=2 tp=2 with ZeRO-2",
+                 torch.tensor(first["losses"] + second["losses"]), torch.tensor(expected["losses"]), atol=1e-12, rtol=0)
+    assert_close("parameters after the two legs", second["params"], expected["params"], atol=1e-10, rtol=0)
+
+
 def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint(data, tmp_path):
     train_hybrid(SPEC, data, 1, MeshShape(dp=2, pp=2), m=1, hyper=HYPER, save_to=tmp_path)
     before = load_dense(tmp_path)

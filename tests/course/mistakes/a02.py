@@ -1,6 +1,10 @@
 """Typical mistakes in lab a02: each must lose exactly its exercise's points, with a message
 that helps (graded by tests/course/test_labs.py)."""
-from tests.course.mistakes import Mistake
+import functools
+
+from tests.course.mistakes import Mistake, solution_edit
+
+_edit = functools.partial(solution_edit, "a02")
 
 # a02: ZeRO-1 that all-gathers the shards before the optimizer step: the update never reaches the model
 ZERO1_GATHER_BEFORE_STEP = '''class Zero1AdamW:
@@ -69,4 +73,7 @@ class Zero1AdamW:
 MISTAKES = [
     Mistake("zero1", ZERO1_GATHER_BEFORE_STEP, 3, "All-gather the shards AFTER the optimizer step"),
     Mistake("zero1", ZERO1_UNSHARDED, 3, "Shard the optimizer state"),
+    # the ring's hops each carry the whole message instead of S/N: a tree's bandwidth term in a ring
+    Mistake("cost_model", _edit("cost_model", "2 * (n - 1) / n * nbytes * beta", "2 * (n - 1) * nbytes * beta"), 3,
+            "all_reduce_seconds("),
 ]

@@ -21,4 +21,8 @@ MISTAKES = [
     # partial softmaxes merged with the running max instead of the log-sum-exp of both denominators
     Mistake("ring_forward", _edit("ring_forward", "new_lse = torch.logaddexp(lse, block_lse)",
                                   "new_lse = torch.maximum(lse, block_lse)"), 4, "log-sum-exp"),
+    # each rank's part of the batch with the strided split (chunks r and r + cp): every token once, but the model
+    # embeds them at the zig-zag positions and ring attention masks by them, so the loss is not one process's
+    Mistake("local_batch", _edit("local_batch", "(2 * cp - 1 - cp_rank) * size, (2 * cp - cp_rank) * size",
+                                 "(cp_rank + cp) * size, (cp_rank + cp + 1) * size"), 3, "zig-zag chunks"),
 ]

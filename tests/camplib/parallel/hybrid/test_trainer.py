@@ -16,6 +16,7 @@ from camplib.model import GPTConfig
 from camplib.parallel.hybrid.trainer import check_hybrid
 from camplib.parallel.hybrid.run import choose_backend, train_hybrid
 from camplib.parallel.mesh import MeshShape
+from camplib.parallel.planner import layout_cost
 from camplib.parallel.reference import make_data, reference_run
 from tests.support import assert_close
 
@@ -53,16 +54,47 @@ def test_hybrid_training_on_2x2x2_equals_one_process(reference):
 
 
 
-def _train_and_compare(shape, cfg, dtype, sp, m=2):
+def _train_and_compare(shape, cfg, dtype, sp, m=2, zero_stage=1):
     spec = {"kind": "gpt", "config": cfg, "dtype": dtype, "seed": 0}
     data = make_data(spec, STEPS, 8, seed=1, seq_len=8)
     expected = reference_run(spec, data, STEPS, "adamw", HYPER)
-    got = train_hybrid(spec, data, STEPS, shape, m=m, hyper=HYPER, timeout=30, sequence_parallel=sp)
-    case = f"{shape.describe()}{' +SP' if sp else ''}, pos={cfg.get('pos', 'learned')}, tied={cfg['tie_embeddings']}, {dtype}"
+    got = train_hybrid(spec, data, STEPS, shape, m=m, hyper=HYPER, timeout=30, sequence_parallel=sp,
+                       zero_stage=zero_stage)
+    case = (f"{shape.describe()}{' +SP' if sp else ''}, pos={cfg.get('pos', 'learned')}, tied={cfg['tie_embeddings']}, "
+            f"{dtype}, ZeRO-{zero_stage}")
     loss_tol, param_tol = TOL[dtype]
     assert_close(f"loss curve on {case}", torch.tensor(got["losses"]), torch.tensor(expected["losses"]),
                  atol=loss_tol, rtol=0)
     assert_close(f"parameters after {STEPS} steps on {case}", got["params"], expected["params"], atol=param_tol, rtol=0)
+    return got
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_zero2_and_zero3_with_tensor_and_pipeline_parallelism_equal_one_process_and_hold_what_the_planner_says(
+        zero_stage):
+    """dp=2 x pp=2 x tp=2 with sequence parallelism and the embedding tied across the stages,
+    ZeRO-2 (gradient shards, reduce-scattered per micro-batch from hooks) and ZeRO-3 (parameter
+    shards too, gathered around each block's use): the losses and parameters of one process, and
+    per rank the parameter, gradient and AdamW-state bytes of `planner.layout_cost(zero_stage=)`
+    up to the flat units' padding (each unit padded to a multiple of dp*cp: < units * dp*cp
+    elements). ~3 s each."""
+    shape, cfg = MeshShape(dp=2, pp=2, tp=2), CONFIG | {"tie_embeddings": True}
+    got = _train_and_compare(shape, cfg, "float64", sp=True, zero_stage=zero_stage)
+    cost = layout_cost(GPTConfig(**cfg), shape, 8, 8, 2, param_bytes=8, zero_stage=zero_stage)
+    slack = 8 * 8 * shape.dp * shape.cp      # 8 bytes x (at most 8 units per stage here) x dp*cp
+    for rank, c in enumerate(got["coords"]):
+        planned, held = cost["stages"][c["pp"]]["memory"], got["memory"][rank]
+        for key in ("params", "grads", "optimizer"):
+            assert 0 <= held[key] - planned[key] < slack, (rank, c, key, held, planned)
+        assert held["activations"] > 0, held
+    one = {k: got["memory"][0][k] for k in ("params", "grads")}
+    full = cost["stages"][0]["params"] * 8
+    assert one["grads"] < full and (one["params"] < full) == (zero_stage == 3), (one, full)
+
+
+@pytest.mark.slow   # 8 gloo ranks, Llama-style: ~3 s
+def test_zero3_with_context_and_pipeline_parallelism_equals_one_process():
+    _train_and_compare(MeshShape(dp=2, pp=2, cp=2), LLAMA | {"tie_embeddings": True}, "float64", sp=False, zero_stage=3)
 
 
 def test_4d_training_pp2_cp2_tp2_with_sequence_parallelism_and_tied_embeddings_equals_one_process():
