@@ -15,7 +15,7 @@ from camplib.dist.counting import count_bytes
 from camplib.dist.ranks import on_ranks
 
 from .compression import compressed_all_reduce, sparse_all_reduce, topk_error_feedback
-from .model_specs import batch_loss, build_model
+from camplib.parallel.model_specs import batch_loss, build_model
 
 __all__ = ["compression_loss_curves"]
 
