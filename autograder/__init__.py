@@ -16,11 +16,14 @@ Where things live (one role per folder):
 |                 | `labspec` (a lab read from its source notebook),                             |
 |                 | `reference` (reference submissions), `nbgrader_setup`,                      |
 |                 | `hub` (make hub: a class of local users on JupyterHub), `exchange_feedback`  |
-| `grading/`      | the trusted side of camp grade: `grade` (a class), `worker` (one submission  |
+| `grading/`      | the trusted side of camp grade: `grade` (a class; `readiness`: can this      |
+|                 | machine grade, which isolation), `worker` (one submission                    |
 |                 | in a pool process), `engine` (cells and tests), `program` (which cells run), |
-|                 | `remote` + `wire` (stand-ins for the student's objects), `forbid` (static   |
-|                 | scan; `computed_names`: what a name built at run time can be),             |
-|                 | `observe` (runtime observer + canaries), `static_check` (which tests        |
+|                 | `remote` + `wire` (stand-ins for the student's objects), `entries` (a      |
+|                 | lab's forbidden names: aliases, resolution; both halves import it),         |
+|                 | `forbid` (static scan; `computed_names`: what a name built at run time can  |
+|                 | be), `observe` (runtime observer + canaries; `tripwires`: wrapped library   |
+|                 | callables), `static_check` (which tests                                     |
 |                 | a submission's forbidden uses cost; also run by camp check),                |
 |                 | `uploads` (reading submissions under the `[grading]` caps), `results`        |
 |                 | (outcomes and their store)                                                  |

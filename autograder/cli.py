@@ -96,7 +96,8 @@ def cmd_grade(args, catalog: Catalog, root: Path) -> int:
     except Exception:
         pass   # grade() starts it, reporting any real problem
     from .course.nbgrader_setup import grading_workspace
-    from .grading.grade import GradeOptions, GradingSetupError, grade
+    from .grading.grade import GradeOptions, grade
+    from .grading.readiness import GradingSetupError
 
     subs = Path(args.submissions)
     if not subs.is_dir():

@@ -4,20 +4,20 @@ Brief: "gradient quantization cuts communication by 70%, with > 90% scaling effi
 thousand cards".
 
 1. Bytes and loss: an MLP fitted to a fixed nonlinear teacher, data-parallel on N gloo ranks,
-   once per gradient compression (camplib.parallel.compression_run). Bytes per step are counted
+   once per gradient compression (camplib.parallel.data.compression_run). Bytes per step are counted
    on the collectives (camplib.dist.count_bytes) and, independently, by the kernel on the
    loopback network (autograder.checks.loopback_traffic; this machine's loopback, so other
    programs can only add); the final loss is measured on held-out data. Verdict: int8 sends
    >= 70% fewer bytes at a held-out loss within TOLERANCE (relative) of the uncompressed run;
    error feedback on vs off for top-k.
 2. The alpha-beta model against this machine: ring all-reduces timed on 2, 4 and 8 gloo ranks
-   (camplib.parallel.scaling_run); alpha and beta fitted to them (camplib.parallel.cost_model);
+   (camplib.parallel.data.scaling_run); alpha and beta fitted to them (camplib.parallel.data.cost_model);
    then data-parallel steps timed on 2, 4, 8 ranks and compared with the model's prediction
    (compute measured alone at that N, plus the predicted all-reduce; no overlap: these steps
    all-reduce after backward). The error is printed per row.
 3. The model's prediction for a GPU cluster: scaling efficiency from 2 to 1,024 GPUs, fp32 and
    int8 gradients, ring and tree, with and without overlap with backward, for stated link
-   figures (camplib.parallel.cost_model.LINKS: NVLink within a node of 8, InfiniBand NDR across)
+   figures (camplib.parallel.data.cost_model.LINKS: NVLink within a node of 8, InfiniBand NDR across)
    and a compute time from 6 * params * tokens / (MFU * peak FLOP/s).
 
     .venv/bin/python benchmarks/compression_scaling.py [--ranks 2 4 8] [--steps 60] [--params 1.3e9]
@@ -29,8 +29,8 @@ import argparse
 import torch
 
 from autograder.checks import loopback_traffic
-from camplib.parallel.compression_run import compression_loss_curves
-from camplib.parallel.cost_model import (
+from camplib.parallel.data.compression_run import compression_loss_curves
+from camplib.parallel.data.cost_model import (
     LINKS,
     all_reduce_time,
     bytes_per_value,
@@ -38,7 +38,7 @@ from camplib.parallel.cost_model import (
     predict_scaling,
     step_time,
 )
-from camplib.parallel.scaling_run import codec_seconds_per_value, time_all_reduces, time_steps
+from camplib.parallel.data.scaling_run import codec_seconds_per_value, time_all_reduces, time_steps
 
 TOLERANCE = 0.01          # held-out loss of a compressed run within 1% (relative) of the uncompressed one
 METHODS = ("none", "fp16", "int8", "topk", "topk_noef")

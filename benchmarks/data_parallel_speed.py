@@ -22,7 +22,7 @@ import torch.distributed as dist
 from camplib.dist import launch
 from camplib.dist.ring import ring_all_reduce
 from camplib.model import GPT, GPTConfig
-from camplib.parallel.data_parallel import DataParallel
+from camplib.parallel.data.wrapper import DataParallel
 
 MODEL = dict(vocab_size=4096, n_layer=4, n_head=4, d_model=256, max_seq_len=64)
 

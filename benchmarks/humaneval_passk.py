@@ -49,7 +49,7 @@ def build_models(names: list[str], device: str, checkpoint: str | None, steps: i
     models, bpe_data = {}, None
     if "scratch" in names or "ngram" in names:
         if checkpoint:
-            from camplib.checkpoint import load_checkpoint
+            from camplib.train_state import load_checkpoint
             from camplib.serving.loading import load_camplib
             from camplib.tokenizer import ByteBPE
             state = load_checkpoint(checkpoint)["tokenizer"]

@@ -1,11 +1,11 @@
 """Lab a05's measurements, in one run: ring attention's memory per rank against full attention,
 and hybrid (DP x PP x TP) training's loss difference against one process.
 
-1. Ring attention (`camplib.parallel.context.ring_attention`, zig-zag split) on cp gloo ranks,
+1. Ring attention (`camplib.parallel.context.ring.ring_attention`, zig-zag split) on cp gloo ranks,
    forward and backward: the largest tensor any op creates on a rank, over one process's plain
    attention (`camplib.attention`, which builds the (T x T) scores; theory 1/cp^2), the bytes each
    rank sends, and the max |difference| to torch's SDPA (output and q, k, v gradients).
-2. camplib's GPT trained for a few AdamW steps on each layout (`camplib.parallel.hybrid_run`),
+2. camplib's GPT trained for a few AdamW steps on each layout (`camplib.parallel.hybrid.run`),
    against `reference_run` (one process, whole batch, torch's AdamW): max |loss difference| over
    the steps and parameters held per rank, fp32 and fp64.
 
@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from camplib.attention import scaled_dot_product_attention as plain_attention
-from camplib.parallel.context import ring_attention
-from camplib.parallel.context_run import largest_full_attention_bytes, run_ring_attention
-from camplib.parallel.hybrid_run import train_hybrid
+from camplib.parallel.context.ring import ring_attention
+from camplib.parallel.context.run import largest_full_attention_bytes, run_ring_attention
+from camplib.parallel.hybrid.run import train_hybrid
 from camplib.parallel.mesh import MeshShape
 from camplib.parallel.reference import make_data, reference_run
 

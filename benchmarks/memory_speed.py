@@ -1,6 +1,6 @@
 """Memory against time, side by side in one run: activation checkpointing and a fused kernel.
 
-1. A small GPT trained for a few steps with and without camplib.checkpointing: time per
+1. A small GPT trained for a few steps with and without camplib.activation_checkpoint: time per
    training step (checkpointing reruns each block's forward in backward) and the bytes autograd
    saves for backward (checkpointed: only the block inputs), plus, on CUDA, the peak allocated
    memory of a training step.
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from camplib.checkpointing import enable_checkpointing
+from camplib.activation_checkpoint import enable_checkpointing
 from camplib.fused import compile_layernorm_gelu, layernorm_gelu
 from camplib.memory import saved_activation_bytes
 from camplib.model import GPT, GPTConfig

@@ -1,6 +1,6 @@
 """The pipeline bubble measured on real ranks against the theory, for each (schedule, p, m, v).
 
-camplib's GPT runs as a p-rank pipeline (gloo, CPU, `camplib.parallel.pipeline_run.run_pipeline`)
+camplib's GPT runs as a p-rank pipeline (gloo, CPU, `camplib.parallel.pipeline.run.run_pipeline`)
 for a few steps; the last step's recorded actions give, per rank, the time spent computing
 (from after an action's receive to after its send is posted). The bubble is the idle share:
 1 - (sum of compute) / (p * step time). Theory: (p-1)/(m+p-1) for GPipe and 1F1B,
@@ -16,7 +16,7 @@ least p cores (it prints the core count).
 
     .venv/bin/python benchmarks/pipeline_bubble.py [--ps 2 4] [--ms 1 2 4 8] [--vs 2] [--layers 8]
 
-With `--sleeping F` the stages are `camplib.parallel.pipeline_bubble.SleepStage`s instead (F
+With `--sleeping F` the stages are `camplib.parallel.pipeline.bubble.SleepStage`s instead (F
 seconds a forward, 2F a backward): uniform whatever the cores or the load, so any machine
 measures the schedule and its messages. Each message on the critical path adds a wake-up (a
 few ms on a loaded machine), so the measured bubble nears the theory as F grows.
@@ -43,8 +43,8 @@ import os
 import torch
 
 from camplib.model import GPT, GPTConfig
-from camplib.parallel.pipeline_run import run_pipeline
-from camplib.parallel.pipeline_schedule import bubble_theory
+from camplib.parallel.pipeline.run import run_pipeline
+from camplib.parallel.pipeline.schedule import bubble_theory
 
 
 def measured_bubble(events: list) -> tuple[float, float, float]:
@@ -103,7 +103,7 @@ def main() -> None:
 
 
 def sleeping(args) -> None:
-    from camplib.parallel.pipeline_bubble import measure_bubbles
+    from camplib.parallel.pipeline.bubble import measure_bubbles
 
     print(f"{os.cpu_count()} cores; sleeping stages, {args.sleeping * 1e3:.0f} ms a forward, "
           f"{2 * args.sleeping * 1e3:.0f} ms a backward; bubble = idle / (p * step time)")
@@ -119,8 +119,8 @@ def sleeping(args) -> None:
 
 
 def against_naive_table(args) -> None:
-    from camplib.parallel.pipeline_bubble import against_naive, compare_with_naive
-    from camplib.parallel.pipeline_schedule import micro_batches_for_idle_cut
+    from camplib.parallel.pipeline.bubble import against_naive, compare_with_naive
+    from camplib.parallel.pipeline.schedule import micro_batches_for_idle_cut
 
     schedules = ("gpipe", "1f1b", "interleaved")
     v = args.vs[0]

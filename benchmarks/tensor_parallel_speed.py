@@ -1,6 +1,6 @@
 """Tensor parallelism side by side on the same ranks in one run (gloo on CPU): one GPT block's
 forward + backward dense (the whole block on every rank, what one process computes), split by
-camplib (`parallelize_block` with camplib.parallel.tensor's column / row layers) and split by
+camplib (`parallelize_block` with camplib.parallel.tensor.layers's column / row layers) and split by
 torch (`torch_parallelize_block`: ColwiseParallel / RowwiseParallel on a DeviceMesh).
 
 Printed: median step time of each and the ratios (ours / dense: what t ranks gain on the
@@ -22,8 +22,8 @@ import torch
 from camplib.dist import launch
 from camplib.dist.counting import count_bytes
 from camplib.model import Block, GPTConfig
-from camplib.parallel.tensor import ColumnParallelLinear, RowParallelLinear
-from camplib.parallel.tensor_run import (
+from camplib.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
+from camplib.parallel.tensor.run import (
     block_rope,
     dense_block,
     parallelize_block,

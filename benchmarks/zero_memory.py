@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 
-from camplib.parallel.zero_memory import PRECISIONS, zero_memory_formula
-from camplib.parallel.zero_run import make_data, train_zero_on_ranks
+from camplib.parallel.zero.memory import PRECISIONS, zero_memory_formula
+from camplib.parallel.zero.run import make_data, train_zero_on_ranks
 
 
 def main() -> None:

@@ -7,9 +7,9 @@ measured per device, dtype and size, cached, overridable), `rope` (rotary positi
 style decoder), `hf` (weights exchanged with Hugging Face `transformers`), `gguf` (llama.cpp's
 model files read from scratch: SmolLM2-135M-Instruct as a camplib GPT), `tokenizer`
 (byte-level BPE), `data` (the standard-library corpus, de-duplication, packing, sharded loading),
-`optim`, `schedule`, `checkpoint` and `trainer` (the training loop), `generate` (sampling),
+`optim`, `schedule`, `train_state` and `trainer` (the training loop), `generate` (sampling),
 `amp` (loss scaling, fp32 master weights, fp16/bf16 ranges), `memory` (bytes of parameters,
-gradients, optimizer state and activations), `checkpointing` (activation checkpointing),
+gradients, optimizer state and activations), `activation_checkpoint` (activation checkpointing),
 `fused` (LayerNorm+GELU through torch.compile), `dist` (running N ranks, and `on_ranks`, the one
 way to run a function on them and collect plain data; ring collectives from send/recv, bytes
 measured), `parallel` (training on many ranks: data parallelism with bucketed all-reduce launched
@@ -26,7 +26,7 @@ Importing `camplib` imports nothing heavy: submodules are loaded when first used
 import importlib
 
 __all__ = ["device", "attention", "attention_backend", "rope", "model", "hf", "gguf", "tokenizer", "data", "optim", "schedule",
-           "checkpoint", "trainer", "generate", "dist", "amp", "memory", "checkpointing", "fused", "parallel",
+           "train_state", "trainer", "generate", "dist", "amp", "memory", "activation_checkpoint", "fused", "parallel",
            "losses", "monitoring", "profiling", "lora", "prompt_tuning", "intents", "quant", "compress",
            "kernels", "codegen", "dialogue", "serving"]
 

@@ -122,7 +122,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.T
     if backend == "auto":
         from camplib.attention_backend import choose   # measured once per device, dtype and size class
         backend = choose(q.device, q.dtype, (q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)),
-                         backward=torch.is_grad_enabled() and q.requires_grad)
+                         backward=torch.is_grad_enabled() and q.requires_grad, attend=attend)
     B, H, T, _ = q.shape
     Hkv, S = k.size(1), k.size(2)
     if backend == "flash":

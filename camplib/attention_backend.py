@@ -82,12 +82,13 @@ def size_class(shape: tuple[int, int, int, int, int]) -> tuple[int, int, int, in
 
 
 def measure(device: torch.device | str, dtype: torch.dtype, shape=SHAPE, rounds: int = ROUNDS,
-            backward: bool = True) -> dict[str, float]:
+            backward: bool = True, attend=None) -> dict[str, float]:
     """Median seconds of causal attention of shape (B, H, T, S, D) per backend (forward, and
     backward if asked), on `device` in `dtype`, the backends alternating round by round (so that a
-    busy machine slows both alike)."""
-    from camplib.attention import attend
-
+    busy machine slows both alike). `attend` is the function timed, `camplib.attention.attend`
+    (which hands itself over: this module never imports it, so the two do not import each other)."""
+    if attend is None:
+        raise ValueError("measure needs the attention function to time: attend=camplib.attention.attend")
     B, H, T, S, D = shape
     g = torch.Generator().manual_seed(0)
     q, grad = (torch.randn(B, H, T, D, generator=g).to(device=device, dtype=dtype) for _ in range(2))
@@ -125,9 +126,10 @@ def native_on_cpu(dtype: torch.dtype) -> bool:
     return _native[dtype]
 
 
-def choose(device: torch.device | str, dtype: torch.dtype, shape=SHAPE, backward: bool = True) -> str:
+def choose(device: torch.device | str, dtype: torch.dtype, shape=SHAPE, backward: bool = True, attend=None) -> str:
     """"math" or "sdpa" for attention of `shape` (B, H, T, S, D) on `device` in `dtype`, with or
-    without its backward (see the module docstring)."""
+    without its backward (see the module docstring); `attend` is what a measurement times
+    (`camplib.attention.attend` passes itself)."""
     device_type = torch.device(device).type
     for key in ((device_type, dtype), (device_type, None), (None, dtype), (None, None)):
         if key in _preferred:
@@ -141,6 +143,6 @@ def choose(device: torch.device | str, dtype: torch.dtype, shape=SHAPE, backward
         return _cache[key]["backend"]
     if torch.compiler.is_compiling() or not native_on_cpu(dtype):   # never measure inside a compiled graph
         return "sdpa"
-    seconds = measure(device, dtype, key[2], backward=bool(backward))
+    seconds = measure(device, dtype, key[2], backward=bool(backward), attend=attend)
     _cache[key] = {"backend": min(seconds, key=seconds.get), "seconds": seconds}
     return _cache[key]["backend"]

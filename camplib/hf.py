@@ -78,7 +78,7 @@ def config_to_hf(cfg: GPTConfig):
     if (cfg.norm, cfg.mlp, cfg.pos) == ("rmsnorm", "swiglu", "rope"):
         if cfg.rope_pairing != "half":
             raise ValueError("transformers' Llama pairs RoPE features half-split: convert the model first "
-                             "with camplib.rope.convert_rope_pairing(model, 'half')")
+                             "with camplib.model.convert_rope_pairing(model, 'half')")
         return transformers.LlamaConfig(hidden_size=cfg.d_model, intermediate_size=cfg.ff_dim,
                                         num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
                                         num_key_value_heads=cfg.kv_heads, max_position_embeddings=cfg.max_seq_len,

@@ -5,7 +5,7 @@ For Adam, the first three are fixed per parameter (Ψ of them): in fp32, 4 (weig
 copy + the two moments) = 16Ψ as well (ZeRO, Rajbhandari et al. 2019, K = 12): mixed precision
 saves activation memory and time, not optimizer memory. Activations (tensors the forward saves
 for backward) grow with batch x sequence x layers and usually dominate; activation
-checkpointing (camplib.checkpointing) trades them for recomputation.
+checkpointing (camplib.activation_checkpoint) trades them for recomputation.
 
 `measure_memory` counts what is really there (unique storages, so tied or viewed tensors count
 once); `adam_memory_estimate` is the formula. The tests check one against the other: exactly on

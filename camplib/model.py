@@ -19,9 +19,10 @@ from torch import nn
 
 from camplib.attention import BACKENDS, KVCache, MultiHeadAttention
 from camplib.losses import cross_entropy
-from camplib.rope import RotaryEmbedding
+from camplib.rope import RotaryEmbedding, permute_qk_rows
 
-__all__ = ["GPTConfig", "RMSNorm", "MLP", "SiLU", "silu", "SwiGLU", "Block", "GPT", "count_parameters"]
+__all__ = ["GPTConfig", "RMSNorm", "MLP", "SiLU", "silu", "SwiGLU", "Block", "GPT", "count_parameters",
+           "convert_rope_pairing"]
 
 
 @dataclass
@@ -292,3 +293,24 @@ def count_parameters(cfg: GPTConfig, exclude_embeddings: bool = False) -> int:
     head = 0 if cfg.tie_embeddings else cfg.vocab_size * d
     total = cfg.n_layer * (attn + mlp + 2 * norm) + norm + head
     return total if exclude_embeddings else total + embeddings
+
+
+def convert_rope_pairing(model, pairing: str):
+    """A copy of a camplib GPT with RoPE `pairing` that computes the same function: the q and k
+    rows of every layer's fused qkv projection (weight and bias) permuted per head, everything
+    else copied. (Scores q.k are sums over features, so reordering q and k alike changes
+    nothing; RoPE then rotates the same pairs by the same angles.)"""
+    cfg = model.config
+    if cfg.pos != "rope":
+        raise ValueError(f"the model has pos={cfg.pos!r}: no RoPE to convert")
+    new = GPT(replace(cfg, rope_pairing=pairing)).to(next(model.parameters()))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    if pairing != cfg.rope_pairing:
+        q_rows, k_rows = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        for name in [n for n in state if n.endswith(("attn.qkv.weight", "attn.qkv.bias"))]:
+            w = state[name]
+            q, k, v = w[:q_rows], w[q_rows:q_rows + k_rows], w[q_rows + k_rows:]
+            state[name] = torch.cat([permute_qk_rows(q, cfg.n_head, pairing),
+                                     permute_qk_rows(k, cfg.kv_heads, pairing), v])
+    new.load_state_dict(state)
+    return new

@@ -12,7 +12,7 @@ Which features form a pair is a convention, chosen by `pairing`:
 Pair i turns by the same angle m * theta^(-2i/d) in both; only the storage order differs. So the
 two are the same model up to a permutation of each head's q and k features: Hugging Face's
 convert_llama_weights_to_hf.py permutes Meta's q/k projection rows so that half-split RoPE gives
-the same scores (`permute_qk_rows` here, both ways; `convert_rope_pairing` for a whole GPT).
+the same scores (`permute_qk_rows` here, both ways; `camplib.model.convert_rope_pairing` for a whole GPT).
 With "half", Llama checkpoints from `transformers` load without any permutation.
 """
 from __future__ import annotations
@@ -20,8 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["RotaryEmbedding", "rotate_half", "rotate_interleaved", "permute_qk_rows", "convert_rope_pairing",
-           "PAIRINGS"]
+__all__ = ["RotaryEmbedding", "rotate_half", "rotate_interleaved", "permute_qk_rows", "PAIRINGS"]
 
 PAIRINGS = ("half", "interleaved")
 
@@ -112,28 +111,3 @@ def permute_qk_rows(weight: torch.Tensor, n_heads: int, to: str) -> torch.Tensor
     else:             # (head, 2, pair) -> (head, pair, 2)
         w = weight.reshape(n_heads, 2, rows // n_heads // 2, *rest).transpose(1, 2)
     return w.reshape(weight.shape).contiguous()
-
-
-def convert_rope_pairing(model, pairing: str):
-    """A copy of a camplib GPT with RoPE `pairing` that computes the same function: the q and k
-    rows of every layer's fused qkv projection (weight and bias) permuted per head, everything
-    else copied. (Scores q.k are sums over features, so reordering q and k alike changes
-    nothing; RoPE then rotates the same pairs by the same angles.)"""
-    from dataclasses import replace
-
-    from camplib.model import GPT
-
-    cfg = model.config
-    if cfg.pos != "rope":
-        raise ValueError(f"the model has pos={cfg.pos!r}: no RoPE to convert")
-    new = GPT(replace(cfg, rope_pairing=pairing)).to(next(model.parameters()))
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    if pairing != cfg.rope_pairing:
-        q_rows, k_rows = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-        for name in [n for n in state if n.endswith(("attn.qkv.weight", "attn.qkv.bias"))]:
-            w = state[name]
-            q, k, v = w[:q_rows], w[q_rows:q_rows + k_rows], w[q_rows + k_rows:]
-            state[name] = torch.cat([permute_qk_rows(q, cfg.n_head, pairing),
-                                     permute_qk_rows(k, cfg.kv_heads, pairing), v])
-    new.load_state_dict(state)
-    return new

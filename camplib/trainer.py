@@ -2,7 +2,7 @@
 
 Resuming exactly needs more than the weights: the optimizer's moments, the scheduler's step,
 every random generator (dropout) and the position in the data (epoch, batch within it). The
-Trainer checkpoints all of it atomically (camplib.checkpoint) every `ckpt_every` steps; on CPU
+Trainer checkpoints all of it atomically (camplib.train_state) every `ckpt_every` steps; on CPU
 in fp32 a resumed run then produces the same per-step losses as one never interrupted.
 
 The data comes from `loader_for_epoch(epoch) -> iterable of (x, y)`, which must give the same
@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from camplib.checkpoint import (
+from camplib.train_state import (
     load_checkpoint,
     rng_state,
     save_checkpoint,

@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 
 from ..catalog import Catalog, Lab
-from ..grading.forbid import _is_module
+from ..grading.entries import is_module
 from .labspec import defined_names
 
 CELL_ID = "camp-how-to-work"          # the released cell's id: stable, so builds are reproducible
@@ -64,7 +64,7 @@ def _points(x: float) -> str:
 
 def _forbidden_in_words(entry: str) -> str:
     last = entry.rsplit(".", 1)[-1]
-    if "." not in entry or _is_module(entry):   # a top-level name is a package, installed here or not
+    if "." not in entry or is_module(entry):   # a top-level name is a package, installed here or not
         return f"the module `{entry}` (anything in it)"
     if last[:1].isupper():
         return f"the class `{entry}`"

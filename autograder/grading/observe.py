@@ -8,10 +8,10 @@ exempt by frame or module; the grader decides which reports count (those that ar
 of its tests runs, autograder.grading.engine).
 
 Two layers, both process-wide and armed before any of the student's code runs:
-- `Tripwires` (autograder.grading.forbid) on the forbidden Python names of libraries (torch,
+- `Tripwires` (autograder.grading.tripwires) on the forbidden Python names of libraries (torch,
   peft, ...: `runtime_entries`). The course's own modules (camplib) are not wired: the static
   scan sees every name that reaches them, and the course's runners that a test starts in this
-  process (camplib.parallel.context_run, zero_run, ...) build on them;
+  process (camplib.parallel.context.run, zero.run, ...) build on them;
 - kernels at the operator dispatcher (`torch.library`) for every aten operator that implements a
   forbidden entry (`ops_for`): on every backend key with a kernel, and on the composite key of
   operators that decompose before reaching a backend (sdpa's math path). Each reports, then calls
@@ -36,7 +36,8 @@ from functools import lru_cache
 
 import torch
 
-from .forbid import Rules, Tripwires, _resolve, _rules, alias_of
+from .entries import Rules, alias_of, resolve, rules_for
+from .tripwires import Tripwires
 
 CANARY_FILE = "<camp canary>"
 MAX_REPORT = 4096   # bytes of one report: one atomic message
@@ -55,8 +56,8 @@ def ops_for(forbid: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     the softmax entries; `_scaled_dot_product_flash_attention_for_cpu` -> sdpa). Only the
     entries wired at run time (`runtime_entries`, not camplib's): a camplib module the lab's
     sandbox leaves out (autograder.isolation.course_tree) does not import there, so it would
-    read as a function whose name aliases operators (`camplib.parallel.zero` -> `aten::zero_`)."""
-    rules = _rules(forbid)
+    read as a function whose name aliases operators (`camplib.attention.softmax` -> `aten::_softmax`)."""
+    rules = rules_for(forbid)
     names = {n.split("::", 1)[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")}
     mapping: dict[str, tuple[str, ...]] = {}
     for op in sorted(names):
@@ -181,8 +182,8 @@ class Observer:
 
 def _canary_target(entry: str, way: str, tripwires: Tripwires):
     if way == "dispatch":   # the original function, past any Python wrapper: only the dispatcher sees it
-        return tripwires.originals.get(entry) or _resolve.__wrapped__(entry)
-    return _resolve.__wrapped__(entry)  # as the student would name it now (not the cached one)
+        return tripwires.originals.get(entry) or resolve.__wrapped__(entry)
+    return resolve.__wrapped__(entry)  # as the student would name it now (not the cached one)
 
 
 def canary_args(index: int, seed: int) -> tuple:
@@ -228,12 +229,12 @@ def canary_plan(forbid: tuple[str, ...]) -> tuple[tuple[str, str, int], ...]:
     the trusted process: an entry's first argument set that runs (and, for the dispatch way,
     reaches one of its operators). Classes and functions get a "name" canary (the Python
     tripwire); functions with operators also a "dispatch" one."""
-    rules: Rules = _rules(forbid)
+    rules: Rules = rules_for(forbid)
     ops = ops_for(forbid)
     entries_with_ops = {e for es in ops.values() for e in es}
     plan = []
     for entry in runtime_entries(rules.callables):
-        fn = _resolve(entry)
+        fn = resolve(entry)
         if fn is None or not callable(fn):
             continue
         for index in range(N_CANDIDATES):

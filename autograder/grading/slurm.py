@@ -87,7 +87,7 @@ def grade_shard(shard: list[dict], out: str) -> list[dict]:
     Returns [{"student", "lab", "result", "starved"}] for the submissions graded here (a requeued
     task skips the ones already saved: the host reads those from their files). A starved result
     (timed out while short of CPU) is returned, not saved: the host grades it again alone."""
-    from .grade import resolve_isolation
+    from .readiness import resolve_isolation
     from .pool import WORKER_DIED, GradingPool
     from .uploads import remove_tree
 
@@ -152,7 +152,7 @@ class SlurmPool:
     """The `GradingPool` contract on a Slurm cluster: `run(jobs)` yields (job, result, starved)."""
 
     def __init__(self, out: Path, slots: int, options: SlurmOptions, memory_mb: int):
-        from .grade import GradingSetupError
+        from .readiness import GradingSetupError
         try:
             import submitit
         except ImportError as exc:

@@ -15,7 +15,8 @@ import ast
 from pathlib import Path
 
 from ..course.labspec import LabSpec
-from .forbid import _is_module, _ipython_transform, _resolve, check, own_attributes, scan, unparsable_cell
+from .entries import is_module, resolve
+from .forbid import _ipython_transform, check, own_attributes, scan, unparsable_cell
 
 # Files Python can import or load that the scan cannot read.
 UNSCANNABLE = {".pyc", ".pyo", ".so", ".pyd", ".dll", ".dylib", ".pth", ".egg", ".whl"}
@@ -63,7 +64,7 @@ def banned_tests(spec: LabSpec, cells, forbid: list[str], folder: Path | None = 
                        "(compiled or packed code): submit Python source")
     sources = [(f"{p.relative_to(folder)}", p.read_text(errors="replace"), None, False) for p in py_files]
     local = {p.relative_to(folder).parts[0].removesuffix(".py") for p in py_files}
-    local = {m for m in local if not _is_module(m)}    # a file named like a library never shadows it
+    local = {m for m in local if not is_module(m)}    # a file named like a library never shadows it
     course = course_sources(spec)
     student_cells = [(label, source, gid, True) for label, source, gid in cells
                      if source not in course and not unparsable_cell(source)]   # never run (engine)
@@ -118,7 +119,7 @@ def _written_into(escaped: dict[str, str], writes) -> tuple[int, str] | None:
     with `patch(camplib.dist.harness)`. A computed attribute name counts for any of them."""
     for line, attr in writes:
         for path in escaped:
-            obj = _resolve(path)
+            obj = resolve(path)
             if attr is None or callable(getattr(obj, attr, None)):   # what tampering replaces: code
                 return line, f"{path}.{attr or '<computed name>'}"
     return None

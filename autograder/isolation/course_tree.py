@@ -54,15 +54,16 @@ def module_graph() -> dict[str, frozenset[str]]:
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         found: set[str] = set()
-        for dotted in _imports(ast.parse(path.read_text(encoding="utf-8")), package):
+        for dotted in imported_names(ast.parse(path.read_text(encoding="utf-8")), package):
             found.update(_modules_of(dotted, files))
         graph[name] = frozenset(found - {name})
     return graph
 
 
-def _imports(tree: ast.AST, package: str):
-    """Dotted names the statements of `tree` import, outside function bodies."""
-    for node in _outside_functions(tree):
+def imported_names(tree: ast.AST, package: str, in_functions: bool = False):
+    """Dotted names the statements of `tree` import (relative ones resolved against `package`),
+    outside function bodies unless `in_functions`; `from pkg import x` yields `pkg` and `pkg.x`."""
+    for node in (ast.walk(tree) if in_functions else _outside_functions(tree)):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -134,7 +135,7 @@ def course_needs(source_notebook: str) -> frozenset[str]:
                 needs |= _modules_of(text, modules)
         if meta.get("grade") or tree is None:
             continue   # test cells import in the trusted process
-        for dotted in _imports(tree, ""):
+        for dotted in imported_names(tree, ""):
             needs |= _modules_of(dotted, modules)
     return frozenset(needs)
 

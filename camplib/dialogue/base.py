@@ -116,7 +116,7 @@ def _smollm2(device: str, dtype) -> Base:
 def _checkpoint(path: Path, device: str) -> Base:
     from camplib.serving.loading import load_camplib
 
-    from camplib.checkpoint import load_checkpoint
+    from camplib.train_state import load_checkpoint
 
     served = load_camplib(path, device=device)
     state = load_checkpoint(path).get("tokenizer")

@@ -7,7 +7,7 @@ builds from point-to-point messages.
   `rank_fn(rank, world_size, *args)` on every rank through `launch`, inside `count_bytes()`;
   each rank returns a dict of plain data, and the result is one format:
   `{key: [rank 0's value, rank 1's, ...], "bytes_sent": [per rank], "calls": [per rank]}`.
-  A runner (run_collective, camplib.parallel.train_ranks / zero_run / compression_run) is a
+  A runner (run_collective, camplib.parallel.data.run / zero.run / data.compression_run) is a
   rank function plus one call of it, in a module of its own that the library code it exercises
   never imports.
 - `ring` (ring.py): reduce-scatter, all-gather and all-reduce on a ring of sends and receives;

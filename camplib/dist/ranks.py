@@ -1,6 +1,6 @@
 """The one way to run a function on N ranks and look at it from the outside: what tests, the
-grader, benchmarks and lab demos use (camplib.dist.harness, camplib.parallel.train_ranks,
-zero_run and compression_run are each a rank function plus one call of it).
+grader, benchmarks and lab demos use (camplib.dist.harness, camplib.parallel.data.run,
+zero.run and data.compression_run are each a rank function plus one call of it).
 
     out = on_ranks(rank_fn, world_size, *args)
 

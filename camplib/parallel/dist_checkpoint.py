@@ -9,7 +9,7 @@ ZeRO-1 keeps the moments sharded over dp; before saving, the dp group all-gather
 dp replica 0 writes (the other replicas hold the same pieces).
 
 Atomic: the ranks write their files into `step_<n>/` (each file itself written atomically by
-`camplib.checkpoint.save_checkpoint`), wait for each other, and only then does rank 0 write
+`camplib.train_state.save_checkpoint`), wait for each other, and only then does rank 0 write
 `step_<n>/index.pt` (the layout, the model config, the step, which file holds which piece) and
 point `latest` at it. A rank killed mid-save leaves a folder without an index, which nothing
 loads, and `latest` still names the previous, complete checkpoint.
@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from camplib.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from camplib.parallel.tensor import Shard, shard_of, unshard
+from camplib.train_state import CheckpointError, load_checkpoint, save_checkpoint
+from camplib.parallel.tensor.layers import Shard, shard_of, unshard
 
 __all__ = ["KINDS", "save_distributed", "load_dense", "latest_step", "moments_by_name", "load_moments"]
 

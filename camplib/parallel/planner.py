@@ -2,7 +2,7 @@
 devices and the memory of one device (after the Ultra-Scale Playbook's memory and
 communication calculators).
 
-Per rank, for one training step with AdamW and ZeRO over dp x cp (`camplib.parallel.hybrid`;
+Per rank, for one training step with AdamW and ZeRO over dp x cp (`camplib.parallel.hybrid.trainer`;
 `zero_stage` 1: the optimizer state sharded, 2: the gradients too, 3: the parameters too):
 
 - parameters: counted exactly on a `meta`-device GPT (no memory), cut like camplib's layers:
@@ -23,7 +23,7 @@ Per rank, for one training step with AdamW and ZeRO over dp x cp (`camplib.paral
   (+ one token count per micro-batch on the last stage); a tied embedding with pp > 1 one
   all-reduce of its table shard on the first and the last stage.
 
-The parameter and communication numbers equal what `camplib.parallel.hybrid_run.train_hybrid`
+The parameter and communication numbers equal what `camplib.parallel.hybrid.run.train_hybrid`
 measures on gloo ranks (tests/camplib/parallel/test_planner.py); the activations are the
 formula's.
 """
@@ -37,8 +37,8 @@ import torch
 
 from camplib.model import GPT, GPTConfig
 from camplib.parallel.mesh import MeshShape
-from camplib.parallel.pipeline import split_layers
-from camplib.parallel.tensor import padded_size
+from camplib.parallel.pipeline.stages import split_layers
+from camplib.parallel.tensor.layers import padded_size
 
 __all__ = ["REPLICATED", "params_per_stage", "layout_cost", "plan"]
 

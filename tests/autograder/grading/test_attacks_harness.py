@@ -1,5 +1,5 @@
-"""Distributed labs: the course's runners (camplib.dist.harness, camplib.parallel.train_ranks,
-zero_run) run in the student's process, so what they report is the student's answer, never
+"""Distributed labs: the course's runners (camplib.dist.harness, camplib.parallel.data.run,
+zero.run) run in the student's process, so what they report is the student's answer, never
 evidence. b06 and a02 submissions with blank exercises replace those runners with fakes that
 compute every answer in one process and report the bytes and calls a ring, DataParallel or ZeRO
 would have produced: from a notebook cell through names computed at run time, and from a .py file

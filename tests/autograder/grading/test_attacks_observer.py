@@ -7,7 +7,7 @@ static scan reads as the student's own, only inside their `scaled_dot_product_at
 exactly test_sdpa (4) and test_mha (4, built on their attention) must fail. Routes: another
 thread, a thread pool, a forked child, a fork process pool, a fresh `python -c` interpreter, an
 operator registered with torch.library, course helpers calling the kernel for them
-(`autograder.checks.forward_backward`, `camplib.checkpointing.checkpoint`), and the exercise's
+(`autograder.checks.forward_backward`, `camplib.activation_checkpoint.checkpoint`), and the exercise's
 name bound to torch's operator itself, so that only the grader's request calls it. A student who closes
 the observer's channel loses every test (tampering).
 """
@@ -33,7 +33,7 @@ ALL = ["test_masks", "test_mha", "test_sdpa", "test_softmax"]
 PRELUDE = '''
 import concurrent.futures, functools, multiprocessing, operator, os, subprocess, sys, tempfile, threading
 from autograder.checks import forward_backward
-from camplib.checkpointing import checkpoint
+from camplib.activation_checkpoint import checkpoint
 
 
 class _Own:

@@ -160,8 +160,8 @@ def test_rerun_is_idempotent_and_resumes_only_unfinished_work(graded, capsys):
 def test_grading_without_a_sandbox_is_explicit(tmp_path, monkeypatch, capsys):
     subs = tmp_path / "subs"
     write_submission(subs, "ada", LAB, student_notebook(LAB))
-    import autograder.grading.grade as grade_module
-    monkeypatch.setattr(grade_module, "namespaces_available", lambda: False)
+    import autograder.grading.readiness as readiness
+    monkeypatch.setattr(readiness, "namespaces_available", lambda: False)
     assert main(["grade", str(subs), "--out", str(tmp_path / "ws")]) == 2
     assert "--isolation none" in capsys.readouterr().err
     assert main(["grade", str(subs), "--out", str(tmp_path / "ws"), "--isolation", "none"]) == 0

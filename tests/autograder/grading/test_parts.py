@@ -14,7 +14,9 @@ import torch
 from autograder.catalog import Catalog, repo_root
 from autograder.checks import case, check_close
 from autograder.course.labspec import LabSpec, defined_names
-from autograder.grading.forbid import Tripwires, alias_of, scan, static_uses
+from autograder.grading.entries import alias_of
+from autograder.grading.forbid import scan, static_uses
+from autograder.grading.tripwires import Tripwires
 from autograder.grading.observe import canary_plan, ops_for
 from autograder.grading.program import build_program
 from autograder.grading.static_check import banned_tests
@@ -474,9 +476,9 @@ def test_starting_the_grading_fork_server_leaves_the_callers_environment_alone(m
 
 def test_a_camplib_entry_missing_from_the_sandbox_maps_to_no_operator():
     """A lab's sandbox leaves out the camplib modules it forbids (course_tree), so there such an
-    entry does not import; read as a function, `camplib.parallel.zero` aliased `aten::zero_` and
-    the reference solutions of b06 and a02 lost their distributed tests. camplib entries are the
-    static scan's: the dispatcher layer wires torch's only."""
+    entry does not import; read as a function, camplib.parallel's module `zero` (before it became
+    a folder) aliased `aten::zero_` and the reference solutions of b06 and a02 lost their distributed
+    tests. camplib entries are the static scan's: the dispatcher layer wires torch's only."""
     assert ops_for(("camplib.not_in_this_sandbox.zero",)) == {}
-    assert ops_for(("camplib.parallel.zero", "torch.softmax")) == ops_for(("torch.softmax",))
+    assert ops_for(("camplib.attention.softmax", "torch.softmax")) == ops_for(("torch.softmax",))
     assert "zero_" not in ops_for(("camplib.not_in_this_sandbox.zero", "torch.softmax"))

@@ -47,7 +47,7 @@ PRELUDE = "import torch\nimport torch.nn.functional as F\nimport camplib\n"
     ("f = getattr(*[F, name])", TORCH),
     ("args = (F, name)\nf = getattr(*args)", TORCH),
     # the module reached through another package's attributes
-    ("import camplib.checkpointing as C\nf = getattr(C.torch.nn.functional, name)", FORBID),
+    ("import camplib.activation_checkpoint as C\nf = getattr(C.torch.nn.functional, name)", FORBID),
     ("import transformers.modeling_utils as mu\nf = mu.nn.functional.scaled_dot_product_attention", FORBID[:1]),
     ("import transformers.modeling_utils as mu\nf = getattr(mu, name)", TORCH),
     # an object the scan cannot type, with a name partly built from literals that could spell one

@@ -8,10 +8,10 @@ Tolerances (fp64): losses atol 1e-12, parameters atol 1e-10 (measured 4e-16 and 
 import pytest
 import torch
 
-from camplib.checkpoint import CheckpointError
+from camplib.train_state import CheckpointError
 from camplib.dist import RankDied
 from camplib.parallel.dist_checkpoint import latest_step, load_dense
-from camplib.parallel.hybrid_run import train_hybrid, train_single
+from camplib.parallel.hybrid.run import train_hybrid, train_single
 from camplib.parallel.mesh import MeshShape
 from camplib.parallel.reference import make_data, reference_run
 from tests.support import assert_close

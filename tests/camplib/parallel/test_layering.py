@@ -9,15 +9,15 @@ import pytest
 import camplib
 
 ROOT = Path(camplib.__file__).parent
-RUNNERS = {"camplib.dist.harness", "camplib.parallel.train_ranks", "camplib.parallel.zero_run",
-           "camplib.parallel.compression_run", "camplib.parallel.tensor_run", "camplib.parallel.pipeline_run",
-           "camplib.parallel.context_run", "camplib.parallel.hybrid_run", "camplib.parallel.pipeline_bubble"}
+RUNNERS = {"camplib.dist.harness", "camplib.parallel.data.run", "camplib.parallel.zero.run",
+           "camplib.parallel.data.compression_run", "camplib.parallel.tensor.run", "camplib.parallel.pipeline.run",
+           "camplib.parallel.context.run", "camplib.parallel.hybrid.run", "camplib.parallel.pipeline.bubble"}
 LIBRARY = ["dist/launch.py", "dist/ring.py", "dist/counting.py", "dist/ranks.py", "parallel/__init__.py",
-           "parallel/data_parallel.py", "parallel/zero.py", "parallel/zero_memory.py", "parallel/compression.py",
+           "parallel/data/wrapper.py", "parallel/zero/optimizer.py", "parallel/zero/memory.py", "parallel/data/compression.py",
            "parallel/model_specs.py", "parallel/reference.py",
-           "parallel/tensor.py", "parallel/tensor_comm.py", "parallel/tensor_model.py",
-           "parallel/pipeline.py", "parallel/pipeline_comm.py", "parallel/pipeline_schedule.py",
-           "parallel/mesh.py", "parallel/context.py", "parallel/hybrid.py", "parallel/dist_checkpoint.py"]
+           "parallel/tensor/layers.py", "parallel/tensor/comm.py", "parallel/tensor/model.py",
+           "parallel/pipeline/stages.py", "parallel/pipeline/comm.py", "parallel/pipeline/schedule.py",
+           "parallel/mesh.py", "parallel/context/ring.py", "parallel/hybrid/trainer.py", "parallel/dist_checkpoint.py"]
 
 
 def imported_modules(path: Path) -> set[str]:

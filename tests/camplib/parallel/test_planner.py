@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from camplib.model import GPT, GPTConfig
-from camplib.parallel.context import ring_attention
-from camplib.parallel.context_run import run_ring_attention
-from camplib.parallel.hybrid_run import train_hybrid
+from camplib.parallel.context.ring import ring_attention
+from camplib.parallel.context.run import run_ring_attention
+from camplib.parallel.hybrid.run import train_hybrid
 from camplib.parallel.mesh import MeshShape
 from camplib.parallel.planner import layout_cost, params_per_stage, plan
 from camplib.parallel.reference import make_data
