@@ -17,7 +17,18 @@ from camplib.dist.ranks import on_ranks
 from .compression import compressed_all_reduce, sparse_all_reduce, topk_error_feedback
 from camplib.parallel.model_specs import batch_loss, build_model
 
-__all__ = ["compression_loss_curves"]
+__all__ = ["compression_loss_curves", "step_with_summed_grads"]
+
+
+def step_with_summed_grads(opt, params, flat: torch.Tensor, world_size: int) -> None:
+    """Average `flat` (the gradients of `params`, concatenated and summed over the ranks) into
+    each parameter's .grad, then step `opt`."""
+    flat /= world_size
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+    opt.step()
 
 
 def _synced_step(model, params, opt, loss, method, residual, k, block, world_size):
@@ -32,12 +43,7 @@ def _synced_step(model, params, opt, loss, method, residual, k, block, world_siz
             flat = sparse_all_reduce(update, k)
         else:
             compressed_all_reduce(flat, method, block)
-    flat /= world_size
-    offset = 0
-    for p in params:
-        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
-    opt.step()
+    step_with_summed_grads(opt, params, flat, world_size)
     return residual, sent.sent
 
 

@@ -24,6 +24,7 @@ from camplib.dist.counting import count_bytes
 from camplib.dist.ranks import on_ranks
 
 from camplib.parallel.data.compression import compressed_all_reduce, dequantize_int8, quantize_int8
+from camplib.parallel.data.compression_run import step_with_summed_grads
 from camplib.parallel.model_specs import batch_loss, build_model
 
 __all__ = ["time_all_reduces", "time_steps", "codec_seconds_per_value"]
@@ -83,12 +84,7 @@ def _steps_rank(rank, world_size, spec, batch, methods, repeats, block):
     def step(method):
         flat = compute()
         compressed_all_reduce(flat, method, block)
-        flat /= world_size
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-        opt.step()
+        step_with_summed_grads(opt, params, flat, world_size)
 
     compute()                                                     # warm-up
     out = {"compute_s": _timed(compute, repeats), "step_s": {}, "bytes_per_step": {}}
