@@ -149,7 +149,11 @@ class HubClass:
                "JUPYTER_CONFIG_PATH": str(self.root / "course" / "hub" / "jupyter"),
                "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin"}
         cwd = self.root if role == "instructor" else self.home(user)
-        enter = ["nsenter", f"--target={self.proc.pid}", "--mount", f"--wd={cwd}", "--"] if self.views else []
+        # cd inside the namespace: nsenter's --wd opens the folder before entering it, and a folder
+        # reached through the view's bind mount has no path there (getcwd fails: a clone in a
+        # private mktemp folder)
+        enter = (["nsenter", f"--target={self.proc.pid}", "--mount", "--", "sh", "-c", 'cd "$0" && exec "$@"', str(cwd)]
+                 if self.views else [])
         runuser = shutil.which("runuser") or "/usr/sbin/runuser"
         argv = [*enter, runuser, "-u", user, "--", "sh", "-c", 'umask 077; exec "$@"', "sh", *cmd]
         return {"args": argv, "cwd": cwd, "env": env, "text": True}

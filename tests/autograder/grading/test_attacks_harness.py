@@ -34,7 +34,7 @@ import importlib
 import torch
 
 _harness = importlib.import_module("camplib.dist." + "har" + "ness")
-_train = importlib.import_module("camplib.parallel." + "train_" + "ranks")
+_train = importlib.import_module("camplib.parallel." + "data." + "r" + "un")
 
 
 def _fake_collective(fn, inputs, backend=None, timeout=60.0):
@@ -78,7 +78,7 @@ def _fake_train(wrapper, world_size, model_cfg, x, y, steps=3, lr=0.1, bucket_mb
             "bytes_sent": [0] * world_size, "calls": [{"allreduce": steps * buckets}] * world_size}
 
 
-_zero = importlib.import_module("camplib.parallel." + "zero_" + "run")
+_zero = importlib.import_module("camplib.parallel." + "zero." + "r" + "un")
 
 
 def _fake_optimizer(optimizer_cls, world_size, spec, data, steps, hyper=None, average_gradients=False,
