@@ -7,8 +7,11 @@ entry, e.g. "params[rank 1]['blocks.0.attn.qkv.weight']: max |difference| = 3e-4
 """
 from __future__ import annotations
 
+import os
+import warnings
 from pathlib import Path
 
+import pytest
 import torch
 
 from autograder.checks import check_close
@@ -58,3 +61,12 @@ def assert_b01_loses_exactly(rows: dict, results: dict[str, dict], student: str,
     """`student`'s b01 submission failed exactly the tests `failed` and lost exactly their points."""
     assert failed_tests(results, student) == failed, results[student]["tests"]
     assert rows[student].score == sum(B01_POINTS.values()) - sum(B01_POINTS[t] for t in failed)
+
+
+def not_run(message: str, ci_note: str = "", fail_under_ci: bool = True):
+    """A check this machine cannot run says so loudly: under CI (which must run it) a failure,
+    elsewhere a warning and a skip, each carrying `message` (start it with "... NOT RUN:")."""
+    if fail_under_ci and os.environ.get("CI"):
+        pytest.fail(message + ci_note)
+    warnings.warn(message, UserWarning)
+    pytest.skip(message)

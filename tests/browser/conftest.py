@@ -3,20 +3,18 @@ root), driven by Playwright; nothing is ever downloaded. Without one the tests a
 say so: a skip with the reason (listed in pytest's summary, -ra) and a warning; under CI
 (CI=true), where `make test` must have installed it, they fail instead."""
 import os
+import re
 import shutil
-import warnings
 
 import pytest
+
+from tests.support import not_run
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 
 
 def _not_run(reason: str):
-    message = f"BROWSER TESTS NOT RUN: {reason}"
-    if os.environ.get("CI"):
-        pytest.fail(message + " (CI must run them: `make test` installs Debian's chromium as root)")
-    warnings.warn(message, UserWarning)
-    pytest.skip(message)
+    not_run(f"BROWSER TESTS NOT RUN: {reason}", " (CI must run them: `make test` installs Debian's chromium as root)")
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +46,14 @@ def browser_page(chromium_path):
             yield page
         finally:
             browser.close()
+
+
+def type_in_a_new_terminal(page, command: str) -> None:
+    """JupyterLab's File > New > Terminal, then `command` typed into it (end it with `; exit`)."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^File$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^New$")).hover()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Terminal$")).click()
+    term = page.locator(".jp-Terminal").last
+    term.wait_for()
+    term.click()
+    page.keyboard.type(command + "\n", delay=5)

@@ -36,7 +36,7 @@ from autograder.catalog import Catalog, repo_root
 from autograder.course import hub
 from autograder.course.reference import student_notebook
 
-from .conftest import _not_run
+from .conftest import _not_run, type_in_a_new_terminal
 from .hub_class import HubClass
 
 ROOT = repo_root()
@@ -293,13 +293,7 @@ def _probe_from_a_terminal(page, hc, user, classmate) -> list[str]:
     assert _xsrf_fetch(page, f"{hc.base}/user/{user}/api/contents/probe.sh", "PUT", body) in (200, 201)
     out = hc.home(user) / "probe.txt"
     page.goto(f"{hc.base}/user/{user}/lab")
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^File$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^New$")).hover()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Terminal$")).click()
-    term = page.locator(".jp-Terminal").last
-    term.wait_for()
-    term.click()
-    page.keyboard.type("sh probe.sh > probe.tmp 2>&1; mv probe.tmp probe.txt; exit\n", delay=5)
+    type_in_a_new_terminal(page, "sh probe.sh > probe.tmp 2>&1; mv probe.tmp probe.txt; exit")
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and not out.exists():
         time.sleep(0.3)

@@ -33,6 +33,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from autograder.catalog import repo_root
 from autograder.course.reference import student_notebook, write_submission
 
+from .conftest import type_in_a_new_terminal
 from .lab_server import LabServer
 
 ROOT = repo_root()
@@ -185,13 +186,7 @@ def _validate(page) -> None:
 
 def _camp_in_a_terminal(page, out: Path) -> None:
     """File > New > Terminal, type a command: `camp`, `nbgrader` and `alembic` resolve to the venv."""
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^File$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^New$")).hover()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Terminal$")).click()
-    term = page.locator(".jp-Terminal").last
-    term.wait_for()
-    term.click()
-    page.keyboard.type(f"(command -v camp nbgrader alembic; camp list) > {out} 2>&1; exit\n", delay=5)
+    type_in_a_new_terminal(page, f"(command -v camp nbgrader alembic; camp list) > {out} 2>&1; exit")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not (out.exists() and re.search(rf"^{LAB}\s", out.read_text(), re.M)):
         time.sleep(0.3)

@@ -16,7 +16,6 @@ import shutil
 import socket
 import subprocess
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import pytest
 import yaml
 
 from camplib.serving.metrics import histogram_quantile, read_histograms
+from tests.support import not_run
 from tests.camplib.serving.conftest import MODEL, RunningServer, served_checkpoint  # noqa: F401  (a fixture)
 
 MONITORING = Path(__file__).resolve().parents[2] / "course" / "monitoring"
@@ -35,10 +35,7 @@ def _prometheus() -> str:
     path = os.environ.get("CAMP_PROMETHEUS") or shutil.which("prometheus") or "/usr/bin/prometheus"
     if not os.access(path, os.X_OK):
         message = "PROMETHEUS TEST NOT RUN: no prometheus executable (apt-get install prometheus, or set CAMP_PROMETHEUS)"
-        if os.environ.get("CI"):
-            pytest.fail(message + " (CI must run it: `make test` installs Debian's prometheus as root)")
-        warnings.warn(message, UserWarning)
-        pytest.skip(message)
+        not_run(message, " (CI must run it: `make test` installs Debian's prometheus as root)")
     return path
 
 

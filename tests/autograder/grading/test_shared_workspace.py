@@ -6,21 +6,18 @@ import os
 import stat
 import subprocess
 import uuid
-import warnings
 
 import pytest
 
 from autograder.grading.uploads import share_with_group
+from tests.support import not_run
 
 
 @pytest.fixture
 def group():
     if os.geteuid() != 0:   # loud: a skip with the reason and a warning, a failure under CI (which runs as root)
         message = "SHARED WORKSPACE TEST NOT RUN: needs root (only root's files are handed to the instructors' group)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        warnings.warn(message, UserWarning)
-        pytest.skip(message)
+        not_run(message)
     name = f"campt{uuid.uuid4().hex[:6]}"
     subprocess.run(["groupadd", name], check=True)
     try:

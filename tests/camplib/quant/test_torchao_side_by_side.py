@@ -39,7 +39,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -51,7 +50,7 @@ from camplib.quant.formats import dequantize_absmax, grouped, quantize_absmax
 from camplib.quant.layers import QuantLinear
 from camplib.quant.qat import fake_quantize
 from tests.camplib.quant.torchao_reference import GROUP_SIZE, SHAPES, inputs
-from tests.support import ROOT, assert_close
+from tests.support import ROOT, assert_close, not_run
 
 pytestmark = pytest.mark.parity
 
@@ -67,10 +66,7 @@ def reference_only_dir() -> Path:
 def _not_run(reason: str):
     message = (f"TORCHAO COMPARISONS NOT RUN: {reason}; install it with `make setup`, or: "
                f"{sys.executable} -m pip install --no-deps --target {reference_only_dir()} torchao=={TORCHAO_VERSION}")
-    if os.environ.get("CI"):
-        pytest.fail(message + " (CI must run them)")
-    warnings.warn(message, UserWarning)
-    pytest.skip(message)
+    not_run(message, " (CI must run them)")
 
 
 @pytest.fixture(scope="module")
