@@ -68,12 +68,12 @@ def test_against_naive_on_the_simulators_timelines_finds_the_predicted_micro_bat
         assert r["idle_time_vs_naive"] == pytest.approx(1 / (r["v"] * r["m"])), r
 
 
-@pytest.mark.slow   # ~6 s of sleeping stages on 2 ranks, plus a launch
+@pytest.mark.slow   # ~12 s of sleeping stages on 2 ranks, plus a launch
 def test_measured_idle_against_naive_follows_theory():
     """Measured on ranks, the same batch naive and cut into 2 or 4 micro-batches: the idle
     fraction over the naive one's within 15% of the theory's ratio (the tolerance above, plus
     the naive run's own error)."""
-    result = against_naive(("1f1b", "interleaved"), p=2, ms=(2, 4), v=2, forward_s=0.16, backward_s=0.32, attempts=3)
+    result = against_naive(("1f1b", "interleaved"), p=2, ms=(2, 4), v=2, forward_s=0.32, backward_s=0.64, attempts=3)
     assert result["naive"]["measured"] == pytest.approx(0.5, rel=0.1)
     for r in result["rows"]:
         expected = r["theory"] / 0.5
