@@ -2,6 +2,9 @@
 builds from point-to-point messages.
 
 - `launch` (launch.py): N processes from a notebook, a script or torchrun; loud, bounded failures.
+  `in_child(fn, *args)`: one forked child, no process group, for single-process computations that
+  run autograd (a notebook's references): the process that forks ranks must never have run
+  autograd on a machine with a GPU (launch.py's docstring says why).
 - `on_ranks` (ranks.py): THE way to look at distributed code from the outside (tests, the
   grader, benchmarks, lab demos). `on_ranks(rank_fn, world_size, *args)` runs
   `rank_fn(rank, world_size, *args)` on every rank through `launch`, inside `count_bytes()`;
@@ -15,7 +18,7 @@ builds from point-to-point messages.
 - `counting` (counting.py): the bytes a rank sends and the collectives it calls, measured.
 - `harness` (harness.py): `run_collective`, a collective on N ranks (lab b06's tests).
 """
-from .launch import RankDied, RankError, RankTimeout, default_backend, launch, under_torchrun
+from .launch import RankDied, RankError, RankTimeout, default_backend, in_child, launch, under_torchrun
 from .ranks import on_ranks
 
-__all__ = ["launch", "on_ranks", "RankError", "RankDied", "RankTimeout", "default_backend", "under_torchrun"]
+__all__ = ["launch", "in_child", "on_ranks", "RankError", "RankDied", "RankTimeout", "default_backend", "under_torchrun"]

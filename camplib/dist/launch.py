@@ -1,6 +1,7 @@
 """Run a function on N ranks of `torch.distributed`: from a notebook, a script, or under torchrun.
 
-`launch(fn, world_size, *args)` returns `[fn(0, N, *args), ..., fn(N-1, N, *args)]`.
+`launch(fn, world_size, *args)` returns `[fn(0, N, *args), ..., fn(N-1, N, *args)]`;
+`in_child(fn, *args)` returns `fn(*args)` computed in one forked child (no process group).
 
 - Locally it forks N processes (fork, not spawn, so functions defined in a notebook work) that
   rendezvous on a TCP store rank 0 serves on a port the OS picked: two runs never collide.
@@ -10,6 +11,13 @@
 - Failures are loud and bounded: an exception on any rank is re-raised here with the rank and the
   remote traceback; a rank that dies, or a collective that never completes (mismatched calls),
   ends every rank and raises within `timeout` seconds. No process outlives the call.
+- Autograd and fork: on a machine with a GPU, torch starts a thread per device at the first
+  backward in a process and marks every process forked after that, where backward then raises
+  ("Unable to handle autograd's threading in combination with fork-based multiprocessing").
+  The process that forks ranks must never have run autograd: single-process computations that
+  need it (a notebook's references) run through `in_child`. A rank that meets the error says so
+  (RankError names the cause and the remedy). A CPU-only torch never marks a fork: the course's
+  tests count a fake accelerator to catch it (tests/fake_accelerator.py).
 """
 from __future__ import annotations
 
@@ -27,11 +35,17 @@ from multiprocessing.connection import wait
 import torch
 import torch.distributed as dist
 
-__all__ = ["launch", "RankError", "RankDied", "RankTimeout", "default_backend", "under_torchrun"]
+__all__ = ["launch", "in_child", "RankError", "RankDied", "RankTimeout", "default_backend", "under_torchrun"]
 
 GRACE_SECONDS = 0.5  # after a failure, how long the other ranks get to flush output before being killed
 ECHO_GRACE_SECONDS = 5.0  # after only an echo ("connection closed by peer"), how long to wait for its cause
 _ECHOES = ("closed by peer", "reset by peer")
+_AUTOGRAD_FORK = "autograd-and-fork"  # in torch's message for a backward in a marked fork
+AUTOGRAD_FORK_HINT = (
+    "\n(the process that forked this one had run autograd (a backward, autograd.grad) on a machine with "
+    "an accelerator, where torch then keeps a thread per device, and no process forked after that can run "
+    "backward. Keep autograd out of the process that launches ranks: compute single-process results that "
+    "need it with camplib.dist.in_child(fn, *args); in a notebook, restart the kernel first)")
 
 
 class RankError(RuntimeError):
@@ -45,6 +59,8 @@ class RankError(RuntimeError):
                         "order, with tensors of the same size?)")
         elif any(e in message.lower() for e in _ECHOES):
             message += "\n(another rank ended, or crashed, while this one was still in a collective)"
+        elif _AUTOGRAD_FORK in message.lower():
+            message += AUTOGRAD_FORK_HINT
         self.echo = not timed_out and any(e in message.lower() for e in _ECHOES)
         super().__init__(f"rank {rank} raised {kind}: {message}\n"
                          f"--- traceback on rank {rank} ---\n{remote_traceback.rstrip()}")
@@ -96,6 +112,22 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout: floa
     return _run_forked(fn, world_size, args, backend, timeout, run_timeout)
 
 
+def in_child(fn, *args, **kwargs):
+    """fn(*args, **kwargs) computed in a forked child of this process; its value comes back
+    (tensors on the CPU), an exception in it as RankError (rank 0).
+
+    For the single-process computations that ranks are compared with: run here, a backward on a
+    machine with a GPU would leave this process unable to fork ranks that run backward (see the
+    module's docstring); run in a child, it leaves this process as it was. The child forks like a
+    rank (functions defined in a notebook work, arguments are not pickled) but joins no process
+    group; its prints reach this process untagged."""
+    return _run_forked(_call, 1, (fn, args, kwargs), None, 60.0, None)[0]
+
+
+def _call(rank, world_size, fn, args, kwargs):
+    return fn(*args, **kwargs)
+
+
 # -- under torchrun: this process is one rank ------------------------------------------------
 def _run_under_torchrun(fn, world_size, args, backend, timeout):
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -125,6 +157,7 @@ def _import_dynamo_once():
 
 
 def _run_forked(fn, world_size, args, backend, timeout, run_timeout):
+    """backend None: no process group (in_child). The rendezvous socket is then still bound, unused."""
     # The rendezvous socket is bound here, on a port the OS picks, and rank 0 serves the TCP store
     # on it after the fork: no port race with other runs, and no store thread in this process
     # (a thread that holds a lock while we fork can leave a rank hung before it ever starts).
@@ -233,14 +266,14 @@ def _end_all(procs) -> None:
 class _RankStream:
     """sys.stdout/sys.stderr of a rank: lines go to the launching process, tagged with the rank."""
 
-    def __init__(self, conn, rank: int, which: str):
-        self.conn, self.rank, self.which, self.buf = conn, rank, which, ""
+    def __init__(self, conn, tag: str, which: str):
+        self.conn, self.tag, self.which, self.buf = conn, tag, which, ""
 
     def write(self, text: str) -> int:
         self.buf += text
         if "\n" in self.buf:
             head, _, self.buf = self.buf.rpartition("\n")
-            lines = "".join(f"[rank {self.rank}] {line}\n" for line in head.split("\n"))
+            lines = "".join(f"{self.tag}{line}\n" for line in head.split("\n"))
             self.conn.send_bytes(pickle.dumps(("out", (self.which, lines))))
         return len(text)
 
@@ -262,31 +295,37 @@ def _die_with_parent(parent: int) -> None:
             os._exit(1)
 
 
+def _join_group(rank, world_size, backend, listener, timeout) -> None:
+    port = listener.getsockname()[1]
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if sys.platform.startswith("linux") and os.path.exists("/sys/class/net/lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local ranks talk over loopback only
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, wait_for_workers=False,
+                          master_listen_fd=listener.fileno() if rank == 0 else None,
+                          timeout=timedelta(seconds=timeout))
+    if rank != 0:
+        listener.close()
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout))
+
+
 def _rank_main(fn, rank, world_size, args, backend, listener, timeout, conn, parent) -> None:
     code = 0
     try:
         _die_with_parent(parent)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the notebook ends ranks via the parent
-        sys.stdout, sys.stderr = _RankStream(conn, rank, "out"), _RankStream(conn, rank, "err")
-        port = listener.getsockname()[1]
-        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                          LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        if sys.platform.startswith("linux") and os.path.exists("/sys/class/net/lo"):
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local ranks talk over loopback only
+        tag = "" if backend is None else f"[rank {rank}] "
+        sys.stdout, sys.stderr = _RankStream(conn, tag, "out"), _RankStream(conn, tag, "err")
         # One intra-op thread per rank, torchrun's default too (OMP_NUM_THREADS=1). More is not
         # safe here: a rank is forked, and if the parent already ran a parallel region, OpenMP
         # (libgomp) hangs in the child's first one (tests/camplib/dist/test_launch.py).
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, wait_for_workers=False,
-                              master_listen_fd=listener.fileno() if rank == 0 else None,
-                              timeout=timedelta(seconds=timeout))
-        if rank != 0:
-            listener.close()
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout))
+        if backend is not None:
+            _join_group(rank, world_size, backend, listener, timeout)
         value = fn(rank, world_size, *args)
         sys.stdout.flush()
         sys.stderr.flush()
