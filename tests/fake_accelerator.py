@@ -13,7 +13,9 @@ else changes (torch.accelerator still finds none, tensors stay on the CPU).
 
 It cannot be undone: call it in a forked child or a notebook kernel, never in a pytest worker
 (later tests there would fork marked ranks). `kernel_startup(folder)` returns an IPYTHONDIR whose
-startup file registers it in every kernel started with that environment.
+startup file registers it in every kernel started with that environment; `registered_in(folder)`
+says whether a kernel did (a startup file that failed would otherwise only print to the kernel's
+log, and the check would pass without having run).
 """
 from pathlib import Path
 
@@ -46,6 +48,11 @@ def kernel_startup(folder: Path) -> Path:
         "    module = sys.modules['camp_fake_accelerator'] = importlib.util.module_from_spec(spec)\n"
         "    spec.loader.exec_module(module)\n"
         "    module.register()\n"
+        f"    open({str(Path(folder) / 'ipython' / 'registered')!r}, 'w').close()\n"
         "_camp_fake_accelerator()\n"
         "del _camp_fake_accelerator\n")
     return Path(folder) / "ipython"
+
+
+def registered_in(folder: Path) -> bool:
+    return (Path(folder) / "ipython" / "registered").exists()

@@ -344,7 +344,7 @@ def _rank_main(fn, rank, world_size, args, backend, listener, timeout, conn, par
         conn.close()
     except OSError:
         pass
-    if code == 0:
+    if code == 0 and backend is not None:
         # Stay alive until the launching process ends us: a peer still inside a collective then
         # sees its real error (a timeout) rather than "connection closed by peer".
         while True:

@@ -7,11 +7,17 @@ One data format for every run, single-process or on ranks:
 step s trains on the batch x[s], y[s]; on N ranks, rank r takes the rows chunk(N)[r] of it (B
 divisible by N), so the averaged gradient is the full batch's. `make_data` draws such batches
 for a model spec (camplib.parallel.model_specs); `repeat_batch` turns one fixed batch into it.
+
+`reference_run` trains in a forked child (camplib.dist.in_child): the process that calls it, a
+notebook or a test, runs no autograd, so that it can still fork ranks that run backward on a
+machine with a GPU (camplib/dist/launch.py says why).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from camplib.dist import in_child
 
 from .model_specs import batch_loss, build_model
 
@@ -53,7 +59,12 @@ def reference_run(spec: dict, data: dict, steps: int, optimizer: str = "adamw", 
                   seed: int | None = None) -> dict:
     """Train `build_model(spec, seed)` in one process on the full batches data["x"][s], data["y"][s]
     for `steps` steps with `make_optimizer(optimizer, ..., hyper)`. Returns {"initial": {name:
-    tensor}, "params": {name: tensor} after training, "losses": [float per step]}."""
+    tensor}, "params": {name: tensor} after training, "losses": [float per step]}. Computed in a
+    forked child: this process stays free of autograd (the module's docstring says why)."""
+    return in_child(_train, spec, data, steps, optimizer, hyper, seed)
+
+
+def _train(spec, data, steps, optimizer, hyper, seed) -> dict:
     model = build_model(spec, seed)
     initial = parameters_of(model)
     opt = make_optimizer(optimizer, model.parameters(), dict(hyper or {}))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from camplib.dist import on_ranks
+from camplib.dist import in_child, on_ranks
 from camplib.parallel.context.ring import Ring, join_sequence, split_positions, split_sequence
 from camplib.parallel.tensor.layers import largest_new_tensor
 
@@ -49,7 +49,13 @@ def run_ring_attention(attn_fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 def largest_full_attention_bytes(fn, q, k, v, grad_out=None) -> int:
     """The largest tensor one process creates running `fn(q, k, v)` on the full sequence
-    (and backward with `grad_out`): what ring attention's per-rank number is compared with."""
+    (and backward with `grad_out`): what ring attention's per-rank number is compared with.
+    Measured in a forked child (camplib.dist.in_child): the caller runs no autograd, so it can
+    still fork ranks that run backward on a machine with a GPU."""
+    return in_child(_largest_full_attention_bytes, fn, q, k, v, grad_out)
+
+
+def _largest_full_attention_bytes(fn, q, k, v, grad_out) -> int:
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     with largest_new_tensor() as measured:
         out = fn(q, k, v)
