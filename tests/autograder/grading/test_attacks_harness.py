@@ -7,9 +7,9 @@ beside the notebook. The tests check what the grader measures itself (the bytes 
 counted on the sandbox's own loopback network), so the fakes score 0 on every distributed test
 while the reference keeps full marks.
 
-b06's ring exercises and a03's three run on ranks the grader starts, each in a sandbox of its own
+b06's ring exercises, a03's three and a04's step loop run on ranks the grader starts, each in a sandbox of its own
 that holds only its own input (autograder.grading.rank_pool): a fake runner is never called
-there, and a fake rank function knows too little (FAKES_A03). SHARED is the
+there, and a fake rank function knows too little (FAKES_A03, FAKES_A04). SHARED is the
 attack on a byte lower bound: ring exercises that compute every result from the other ranks'
 inputs read through files in /dev/shm and /tmp (no network), and send junk of exactly the ring's
 size to the ring's neighbours, so that the bytes the ranks report and the kernel counts are a
@@ -38,7 +38,8 @@ pytestmark = [pytest.mark.slow,
 ROOT = repo_root()
 FAKED = {"b06": ["test_broadcast_parameters", "test_data_parallel", "test_ring_all_reduce", "test_ring_reduce_scatter"],
          "a02": ["test_zero1", "test_zero2_grads"],
-         "a03": ["test_conjugate_ops", "test_parallel_linear", "test_vocab_loss"]}
+         "a03": ["test_conjugate_ops", "test_parallel_linear", "test_vocab_loss"],
+         "a04": ["test_pipeline_train_step"]}
 
 FAKES = '''
 import importlib
@@ -246,7 +247,41 @@ setattr(_tp, "conjugate_" + "rank", _alone_conjugate)
 setattr(_tp, "vocab_loss_" + "rank", _alone_vocab)
 setattr(_tp, "block_" + "rank", _alone_block)
 '''
-SEPARATE = {"b06": RINGS, "a03": FAKED["a03"]}   # tests run on the grader's own ranks
+# a04 with blank exercises: its runner replaced by the whole model's step in one process (with the
+# old in-process runner this scored test_pipeline_train_step, 4/7), and its rank function by one
+# that runs every stage itself: on the grader's own ranks the other stages' weights are NaN and
+# only the first stage's rank holds the token ids, only the last's the targets.
+FAKES_A04 = '''
+import importlib
+import torch
+
+_pp = importlib.import_module("camplib.parallel." + "pipeline." + "r" + "un")
+_specs = importlib.import_module("camplib.parallel." + "model_" + "specs")
+
+
+def _whole(spec, idx, targets, state=None):
+    model = _specs.build_model(spec)
+    if state is not None:
+        model.load_state_dict(state)
+    _, loss = model(idx, targets)
+    loss.backward()
+    return loss.detach(), {n: q.grad for n, q in model.named_parameters()}
+
+
+def _fake_run(spec, idx, targets, p, m, v=1, schedule="1f1b", step_fn=None, *, timeout=60.0):
+    loss, grads = _whole(spec, idx, targets)
+    return {"loss": loss, "grads": grads, "peak_in_flight": [1] * p, "bytes_sent": [0] * p}
+
+
+def _alone_rank(rank, p, step_fn, mine):
+    loss, grads = _whole(mine["spec"], mine["idx"], mine["targets"], mine["state"])
+    return {"loss": loss, "grads": grads, "peak": 1, "events": []}
+
+
+setattr(_pp, "run_pipeline_" + "spec", _fake_run)
+setattr(_pp, "pipeline_spec_" + "rank", _alone_rank)
+'''
+SEPARATE = {"b06": RINGS, "a03": FAKED["a03"], "a04": FAKED["a04"]}   # tests run on the grader's own ranks
 
 
 def _after_setup(nb, source):
@@ -259,7 +294,7 @@ def _after_setup(nb, source):
 def _graded(tmp, catalog, lab):
     subs, out = tmp / "submissions", tmp / "workspace"
     write_submission(subs, "ada", lab, student_notebook(lab))
-    fakes = FAKES_A03 if lab == "a03" else FAKES
+    fakes = {"a03": FAKES_A03, "a04": FAKES_A04}.get(lab, FAKES)
     write_submission(subs, "fake_in_cell", lab, _after_setup(student_notebook(lab, solve=False), fakes))
     beside = write_submission(subs, "fake_beside", lab,
                               _after_setup(student_notebook(lab, solve=False), "import helpers  # noqa"))
