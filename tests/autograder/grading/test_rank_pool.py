@@ -71,6 +71,7 @@ def main(tmp_path_factory):
     student.sandbox.close()
 
 
+@pytest.mark.slow   # with the module's sandbox: five sandbox starts, ~36 s at load 18 on 2 cores
 @needs_sandbox
 def test_a_rank_sandbox_shares_the_loopback_network_and_nothing_else(main, tmp_path):
     rank = _Student(Sandbox(main.sandbox.staging, isolation="bwrap", log=tmp_path / "rank.log", net_of=main.sandbox),
@@ -90,6 +91,7 @@ def test_a_rank_sandbox_shares_the_loopback_network_and_nothing_else(main, tmp_p
         rank.sandbox.close()
 
 
+@pytest.mark.slow   # with the module's sandbox: five sandbox starts, ~36 s at load 18 on 2 cores
 @needs_sandbox
 def test_the_pool_runs_each_rank_on_its_own_input_in_its_own_sandbox(main):
     main.pool = RankPool(main, [], lambda box: _Student(box, main.deadline), _observer_failed)
