@@ -330,8 +330,11 @@ def graded(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("forbid", [True, False], ids=["as_graded", "measured_only"])
-@pytest.mark.parametrize("lab", sorted(FAKED))
+# a03's and a04's fakes write into a library module, which the static scan already refuses as
+# tampering: graded only with nothing forbidden, where the grader's own ranks are what catch them
+@pytest.mark.parametrize(("lab", "forbid"), [(lab, forbid) for lab in sorted(FAKED) for forbid in (True, False)
+                                             if not (forbid and lab in ("a03", "a04"))],
+                         ids=lambda v: {True: "as_graded", False: "measured_only"}.get(v, v) if isinstance(v, bool) else v)
 def test_a_faked_harness_scores_nothing_and_the_reference_everything(graded, lab, forbid):
     rows, details = graded(lab, forbid)
     assert (rows["ada"].score, rows["ada"].status) == (rows["ada"].max_score, "graded") and rows["ada"].score > 0, \
