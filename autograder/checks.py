@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 __all__ = ["TOLERANCES", "tolerance", "check_close", "check_equal", "check_shape", "check_true", "check_finite",
-           "forward_backward", "load_parameters", "parameters_of", "make", "case", "loopback_traffic"]
+           "forward_backward", "load_parameters", "parameters_of", "make", "case", "loopback_traffic",
+           "separate_ranks"]
 
 # (atol, rtol) used when a check does not state its own. Chosen for results of a few dozen
 # floating point operations on values of order 1: fp64 keeps ~15 digits, fp32 ~7, bf16 ~3.
@@ -231,6 +232,20 @@ def make(path: str, *args: Any, **kwargs: Any):
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)(*args, **kwargs)
 
+
+
+def separate_ranks(path: str, fn: Any, per_rank: list, timeout: float = 30.0) -> dict:
+    """Run the course's rank function `path` ("camplib.dist.harness.collective_rank")
+    as `rank_fn(rank, world_size, fn, per_rank[rank])` on len(per_rank) ranks, each a process
+    that receives only its own `per_rank[rank]`; camplib.dist.on_ranks' format comes back.
+    During grading the grader starts each rank in a sandbox of its own whose only channel to the
+    others is the loopback network (autograder.grading.rank_pool): correct outputs that need
+    every rank's input prove that data travelled, whatever the student's process reports. In the
+    notebook the ranks are forked here (camplib.dist.separate)."""
+    if _grading_session is not None:
+        return _grading_session.separate_ranks(path, fn, list(per_rank), timeout)
+    from camplib.dist.separate import on_separate_ranks
+    return on_separate_ranks(path, fn, list(per_rank), timeout=timeout)
 
 
 class Traffic:

@@ -30,6 +30,7 @@ from ..tracebacks import notebook_cells
 from .forbid import unparsable_cell
 from .observe import canary_plan
 from .program import build_program
+from .rank_pool import RankPool
 from .remote import RemoteObject, Session, StudentError
 from .results import SubmissionResult, TestOutcome
 from .static_check import banned_tests
@@ -46,10 +47,20 @@ class _Student:
         self.sandbox, self.deadline = sandbox, deadline
         self.ran: list[tuple[str, str, str]] = []   # (source, its label, its exercise)
         self.session: Session | None = None
+        self.pool: RankPool | None = None   # rank sandboxes in this sandbox's network (the main one only)
 
     def restart(self) -> None:
+        self.start()
+        self.replay()
+
+    def start(self) -> None:
+        if self.pool is not None:   # they live in the old process's network namespace
+            self.pool.close()
         self.sandbox.start()
-        self.session = Session(self.sandbox, self.deadline)
+        self.session = Session(self.sandbox, self.deadline, ranks=self.pool)
+
+    def replay(self) -> None:
+        """Run again the cells that ran (after a restart, or in a rank's sandbox)."""
         for source, cell, exercise in self.ran:
             self._exec(source, cell, exercise)
 
@@ -109,7 +120,9 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
     started = False
     try:
         sandbox.start()     # before any student code: a failure here is the grader's, retried next run
-        student_proc.session = Session(sandbox, student_proc.deadline)
+        student_proc.pool = RankPool(student_proc, plan, lambda box: _Student(box, student_proc.deadline),
+                                     _observer_failed)
+        student_proc.session = Session(sandbox, student_proc.deadline, ranks=student_proc.pool)
         started = True
         exercise_of = {c.label: c.exercise for c in notebook_cells(nb.cells)}
         for label, source, _ in program.cells:
@@ -127,6 +140,8 @@ def grade_submission(spec: LabSpec, notebook: Path, student: str, lab_id: str, s
         result.status, result.message = "error", str(exc)
         result.retry = not started   # once the student's code ran, a dead process is their outcome
     finally:
+        if student_proc.pool is not None:
+            student_proc.pool.close()
         sandbox.close()
     done = {t.grade_id for t in result.tests}
     result.tests += [TestOutcome(t.grade_id, t.points, 0.0, "not graded: " + (result.message or "stopped"))
@@ -186,6 +201,11 @@ def _run_test(test, trusted: dict, spec: LabSpec, student: _Student, banned: str
         checks._grading_session = None
     hits, sound = student.sandbox.read_reports() if student.sandbox.proc is not None else (set(), True)
     tampered = _observer_failed(student, plan or [], sound)
+    on_ranks = student.pool.verdict() if student.pool is not None else ""   # the grader's own ranks
+    if on_ranks.startswith("your code called"):
+        message = on_ranks + (f" ({message})" if message else "")
+    else:
+        tampered = tampered or on_ranks
     if hits:  # the reason for the zero, whatever else went wrong
         message = f"your code called {', '.join(sorted(hits))}, which this lab forbids" + (f" ({message})" if message else "")
     elif tampered:

@@ -28,8 +28,9 @@ class Session:
     """A connection to the student's process (its forbidden calls reach the grader on their own
     channel: `Sandbox.read_reports`)."""
 
-    def __init__(self, sandbox: Sandbox, deadline: float | None = None):
+    def __init__(self, sandbox: Sandbox, deadline: float | None = None, ranks=None):
         self.sandbox, self.deadline = sandbox, deadline
+        self.ranks = ranks   # the grader's rank sandboxes (rank_pool.RankPool), where a test needs them
 
     def request(self, op: str, label: str, **fields):
         payload = {}
@@ -60,6 +61,11 @@ class Session:
             return self.sandbox.loopback_bytes()
         except (OSError, StudentCrashed) as exc:
             raise StudentError(f"the bytes your ranks sent could not be counted: {exc}") from None
+
+    def separate_ranks(self, path: str, fn, per_rank: list, timeout: float):
+        if self.ranks is None:
+            raise RuntimeError("this grading session starts no separate ranks")
+        return self.ranks.run(path, fn, per_rank, timeout)
 
     def make(self, path: str, args, kwargs):
         return self.request("make", f"{path}(...)", path=path, args=list(args), kwargs=dict(kwargs))

@@ -165,10 +165,11 @@ def _system_binds() -> list[str]:
     return args
 
 
-def bwrap_args(seccomp_fd: int, hide: tuple[str, ...] = ()) -> list[str]:
+def bwrap_args(seccomp_fd: int, hide: tuple[str, ...] = (), own_net: bool = True) -> list[str]:
     """Namespaces, capabilities and the read-only view every sandbox shares (no payload), with
-    the camplib modules in `hide` left out (course_tree)."""
-    args = [bwrap_binary(), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+    the camplib modules in `hide` left out (course_tree). `own_net` False: no network namespace of
+    its own (the caller has already entered the one it must share: `Sandbox(net_of=...)`)."""
+    args = [bwrap_binary(), "--unshare-ipc", "--unshare-pid", *(["--unshare-net"] if own_net else []), "--unshare-uts",
             "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL"]
     for cap in ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_CHOWN"):  # for sandbox_init only
@@ -257,11 +258,15 @@ def open_log(path: Path) -> int:
 class Sandbox:
     """One student's process. `staging` (a root-only host folder the student never writes) holds
     the files copied into its work folder; `request` sends a message and waits under a deadline.
-    `hide`: camplib modules the sandbox leaves out (course_tree.hidden_modules; bwrap only)."""
+    `hide`: camplib modules the sandbox leaves out (course_tree.hidden_modules; bwrap only).
+    `net_of`: a started sandbox whose network namespace this one joins, sharing nothing else
+    (its own files, /tmp, /dev/shm, IPC, PID namespace and leased uid): the ranks the grader
+    starts for a distributed test (autograder.grading.rank_pool) talk over that loopback network
+    only, and its count (`loopback_bytes`) includes them."""
 
     def __init__(self, staging: Path, *, isolation: str, uid: int | None = None, limits: Limits = Limits(),
                  forbid: list[str] = (), threads: int = 1, log: Path | None = None,
-                 hide: tuple[str, ...] = ()):
+                 hide: tuple[str, ...] = (), net_of: "Sandbox | None" = None):
         """`uid`: the sandbox uid, from a lease the caller holds (a grading worker leases one for
         its life); None: the sandbox leases one (autograder.isolation.uids) each time it starts
         and gives it back when closed. Never a fixed number: the kernel counts processes and
@@ -282,6 +287,8 @@ class Sandbox:
         self.reports = None    # the grader's end of the observer's channel (autograder.grading.observe)
         self._report_fd = -1   # the student's end, handed to the process at start
         self._net_dev: int | None = None   # the sandbox's /proc/net/dev, opened before its code ran
+        self._net_ns: int | None = None    # its network namespace (what a sandbox with net_of=self joins)
+        self.net_of = net_of
 
     def _runner(self) -> list[str]:
         # no new program may start in the sandbox; outside one (a student's own `camp check`) where the kernel allows
@@ -301,13 +308,20 @@ class Sandbox:
         lim = self.limits
         limits = {"as": lim.memory_mb * 2**20, "cpu": lim.cpu_seconds, "nproc": lim.processes,
                   "fsize": lim.output_mb * 2**20, "nofile": lim.open_files, "core": 0}
-        return ([*bwrap_args(seccomp_fd, self.hide), "--ro-bind", str(self.staging), STAGING, "--remount-ro", "/", "--",
+        return ([*bwrap_args(seccomp_fd, self.hide, own_net=self.net_of is None), "--ro-bind", str(self.staging), STAGING, "--remount-ro", "/", "--",
                  *python_module("autograder.isolation.sandbox_init"), "--uid", str(self.uid),
                  "--staging", STAGING, "--disk-bytes", str(lim.disk_mb * 2**20),
                  "--disk-inodes", str(lim.disk_inodes)]
                 + [f"--limit={k}={v}" for k, v in limits.items()] + [f"--keep={p}" for p in course_paths()] + ["--"] + self._runner())
 
     def start(self) -> None:
+        self.launch()
+        self.await_ready()
+
+    def launch(self) -> None:
+        """The first half of `start`: the process is started, not yet ready. Call it from a thread
+        that outlives the sandbox (bwrap dies with the thread that started it); `await_ready`
+        may run in another."""
         self.close()
         self._starts += 1
         self.staging.mkdir(parents=True, exist_ok=True)
@@ -328,6 +342,9 @@ class Sandbox:
         finally:
             os.close(log_fd)
             student_end.close()   # only the student's process holds it now
+
+    def await_ready(self) -> None:
+        """The second half of `start`: wait for the process's first message."""
         os.set_blocking(self.proc.stdout.fileno(), False)
         try:
             header, _ = self._read(time.monotonic() + 120)
@@ -335,7 +352,7 @@ class Sandbox:
             raise StudentCrashed(f"the sandbox could not start ({exc}): {_last_line(self.log)}") from None
         if not header.get("ready"):
             raise StudentCrashed("the grading process did not start")
-        self._net_dev = _open_net_dev(self.proc.pid, inside=self.isolation != "none")
+        self._net_dev, self._net_ns = _open_net(self.proc.pid, inside=self.isolation != "none")
 
     def _start_bwrap(self, log_fd: int) -> None:
         if self._leases:
@@ -348,12 +365,17 @@ class Sandbox:
             self.budget = cgroups.Budget(self.uid, self._starts,
                                          cpus=lim.cpus or float(os.cpu_count() or 1),
                                          memory_bytes=lim.memory_mb * 2**20, tasks=lim.processes)
+        net_ns = None
+        if self.net_of is not None:
+            if self.net_of._net_ns is None:
+                raise StudentCrashed("the sandbox whose network this one joins is not running")
+            net_ns = self.net_of._net_ns
         seccomp_fd = _seccomp_pipe()
         try:
             self.proc = subprocess.Popen(self.command(seccomp_fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=log_fd, cwd="/", env=sandbox_env(Path(WORK), Path("/tmp"), self.threads),
                                          start_new_session=True, pass_fds=(seccomp_fd, self._report_fd),
-                                         preexec_fn=self.budget.join_self if self.budget else None)
+                                         preexec_fn=functools.partial(_enter, net_ns, self.budget))
         finally:
             os.close(seccomp_fd)
 
@@ -405,9 +427,10 @@ class Sandbox:
 
     def close(self) -> None:
         """Kill the student's process and everything it started; remove its cgroup."""
-        if self._net_dev is not None:
-            os.close(self._net_dev)
-            self._net_dev = None
+        for fd in (self._net_dev, self._net_ns):
+            if fd is not None:
+                os.close(fd)
+        self._net_dev = self._net_ns = None
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -440,21 +463,38 @@ def loopback_sent(net_dev: str) -> int:
     raise OSError("no loopback interface in /proc/net/dev")
 
 
-def _open_net_dev(pid: int, inside: bool) -> int:
-    """An open /proc/<pid>/net/dev of the sandbox's network namespace (`inside`: the first
-    process under `pid`, bwrap's, in a namespace other than ours; else `pid`'s own). The open
-    file keeps reading that namespace, whatever becomes of the process."""
+def _open_net(pid: int, inside: bool) -> tuple[int, int]:
+    """Open /proc/<pid>/net/dev and /proc/<pid>/ns/net of the sandbox's network namespace
+    (`inside`: the first process under `pid`, bwrap's, in a namespace other than ours; else
+    `pid`'s own). The open files keep naming that namespace, whatever becomes of the process."""
     own = os.stat("/proc/self/ns/net").st_ino
     todo = [pid]
     while todo:
         current = todo.pop(0)
         try:
             if not inside or os.stat(f"/proc/{current}/ns/net").st_ino != own:
-                return os.open(f"/proc/{current}/net/dev", os.O_RDONLY | os.O_CLOEXEC)
+                dev = os.open(f"/proc/{current}/net/dev", os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    return dev, os.open(f"/proc/{current}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    os.close(dev)
+                    raise
         except OSError:
             pass
         todo += _children(current)
     raise StudentCrashed("the sandbox's network namespace was not found")
+
+
+def _enter(net_ns: int | None, budget) -> None:
+    """In the forked child, before bwrap starts: join the network namespace `net_ns` (an open
+    /proc/<pid>/ns/net; the grader is root), then the cgroup `budget`."""
+    if net_ns is not None:
+        import ctypes
+        clone_newnet = 0x40000000
+        if ctypes.CDLL(None, use_errno=True).setns(net_ns, clone_newnet) != 0:
+            raise OSError(ctypes.get_errno(), "setns into the ranks' network namespace failed")
+    if budget is not None:
+        budget.join_self()
 
 
 def _children(pid: int) -> list[int]:

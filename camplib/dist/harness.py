@@ -8,13 +8,18 @@ import torch
 
 from .ranks import on_ranks
 
-__all__ = ["run_collective"]
+__all__ = ["run_collective", "collective_rank"]
+
+
+def collective_rank(rank: int, world_size: int, fn, tensor: torch.Tensor) -> dict:
+    """One rank: `fn` on a copy of this rank's own input (what camplib.dist.separate runs)."""
+    tensor = tensor.clone()
+    returned = fn(tensor)
+    return {"outputs": returned if isinstance(returned, torch.Tensor) else tensor}
 
 
 def _collective_rank(rank: int, world_size: int, fn, inputs: list[torch.Tensor]) -> dict:
-    tensor = inputs[rank].clone()
-    returned = fn(tensor)
-    return {"outputs": returned if isinstance(returned, torch.Tensor) else tensor}
+    return collective_rank(rank, world_size, fn, inputs[rank])
 
 
 def run_collective(fn, inputs: list[torch.Tensor], backend: str | None = None, timeout: float = 60.0) -> dict:

@@ -24,7 +24,8 @@ from camplib.parallel.pipeline.comm import PipelineComm, sum_tied_grad
 from camplib.parallel.model_specs import build_model
 from camplib.parallel.pipeline.schedule import as_actions, build_schedule, check_schedule
 
-__all__ = ["pipeline_rank", "run_pipeline", "run_pipeline_spec"]
+__all__ = ["join_pipeline", "pipeline_inputs", "pipeline_rank", "pipeline_spec_rank", "run_pipeline",
+           "run_pipeline_spec"]
 
 # `tensor.backward(gradient)` imports torch.fx.experimental.symbolic_shapes (and sympy) the first
 # time it runs in a process: 2-3 s on every forked rank of every run. Imported here, in the
@@ -74,6 +75,11 @@ def run_pipeline(gpt: nn.Module, idx: torch.Tensor, targets: torch.Tensor, p: in
     schedule = as_actions(schedule)
     out = on_ranks(pipeline_rank, p, gpt, idx, targets, m, v, schedule, step_fn or pipeline_step, timeout, steps,
                    timeout=timeout)
+    return join_pipeline(out, p, v)
+
+
+def join_pipeline(out: dict, p: int, v: int) -> dict:
+    """run_pipeline's result from on_ranks' format of pipeline_rank's."""
     starts = [start for ev in out["events"] for _, start, _ in ev]
     t0 = min(starts) if starts else 0.0   # the step's first action on any rank
     events = [[(a, start - t0, end - t0) for a, start, end in ev] for ev in out["events"]]
@@ -93,3 +99,39 @@ def run_pipeline_spec(spec: dict, idx: torch.Tensor, targets: torch.Tensor, p: i
     "peak_in_flight", "bytes_sent"."""
     out = run_pipeline(build_model(spec), idx, targets, p, m, v, schedule, step_fn, timeout=timeout)
     return {k: out[k] for k in ("loss", "grads", "peak_in_flight", "bytes_sent")}
+
+
+def pipeline_inputs(spec: dict, idx: torch.Tensor, targets: torch.Tensor, p: int, m: int, v: int,
+                    schedule: list, timeout: float = 20.0) -> list[dict]:
+    """What `pipeline_spec_rank` gets on each of p ranks: the model's weights with every parameter
+    of another rank's stages set to NaN, the token ids only where the first stage lives and the
+    targets only where the last one does (random ids elsewhere, same shapes). A rank holds only
+    its own stages: a loss or gradient it computes without the others is wrong, while a pipeline
+    never reads another stage's weights or another stage's inputs."""
+    gpt = build_model(spec)
+    check_pipeline(gpt.config.n_layer, idx.size(0), p, m, v)
+    check_schedule(schedule, m, v)
+    state = gpt.state_dict(keep_vars=True)
+    g = torch.Generator().manual_seed(0)
+    ranks = []
+    for rank in range(p):
+        stages = stages_of_rank(gpt, rank, p, v)
+        owned = {id(q) for s in stages.values() for q in s.parameters()}
+        mine = {n: (t.detach().clone() if id(t) in owned or not t.is_floating_point()
+                    else torch.full_like(t.detach(), float("nan"))) for n, t in state.items()}
+        first = any(s.is_first for s in stages.values())
+        last = any(s.is_last for s in stages.values())
+        ranks.append({"spec": spec, "state": mine, "m": m, "v": v, "schedule": schedule, "timeout": timeout,
+                      "idx": idx if first else torch.randint(0, gpt.config.vocab_size, idx.shape, generator=g),
+                      "targets": targets if last else torch.randint(0, gpt.config.vocab_size, targets.shape,
+                                                                    generator=g)})
+    return ranks
+
+
+def pipeline_spec_rank(rank: int, p: int, step_fn, mine: dict) -> dict:
+    """One rank of a pipeline step on this rank's own `pipeline_inputs` (what
+    autograder.checks.separate_ranks hands each rank)."""
+    gpt = build_model(mine["spec"])
+    gpt.load_state_dict(mine["state"])
+    return pipeline_rank(rank, p, gpt, mine["idx"], mine["targets"], mine["m"], mine["v"],
+                         as_actions(mine["schedule"]), step_fn, mine["timeout"])

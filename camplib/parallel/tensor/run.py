@@ -27,8 +27,9 @@ from camplib.parallel.tensor.layers import (
 from camplib.parallel.tensor.model import TensorParallelGPT
 from camplib.rope import RotaryEmbedding
 
-__all__ = ["BLOCK_PLAN", "block_layout", "block_rope", "conjugate_ops_on_ranks", "dense_block",
-           "parallel_block_on_ranks", "parallelize_block", "run_split_gpt", "split_gpt_rank", "torch_parallelize_block", "vocab_loss_on_ranks"]
+__all__ = ["BLOCK_PLAN", "block_layout", "block_rope", "conjugate_ops_on_ranks", "conjugate_rank", "dense_block",
+           "parallel_block_on_ranks", "parallelize_block", "run_split_gpt", "split_gpt_rank", "torch_parallelize_block",
+           "vocab_loss_on_ranks", "vocab_loss_rank", "vocab_shards", "block_inputs", "block_rank", "join_block_grads"]
 
 
 def split_gpt_rank(rank: int, t: int, cases: list[dict], idx: torch.Tensor, targets: torch.Tensor) -> dict:
@@ -174,6 +175,12 @@ def parallel_block_on_ranks(column_cls, row_cls, t: int, config: dict, state: di
     split_evenly(cfg.kv_heads, t, "n_kv_head")
     out = on_ranks(_block_rank, t, column_cls, row_cls, config, state, dtype, x, grad_out,
                    backend="gloo", timeout=timeout)
+    return join_block_grads(out, config, t)
+
+
+def join_block_grads(out: dict, config: dict, t: int) -> dict:
+    """`out` (on_ranks' format of the block's rank function) with "grads" joined into the dense
+    shapes (shards joined; the replicated ones from rank 0) and "replicated_grads" per rank."""
     layout = block_layout(Block(GPTConfig(**config), block_rope(config)), t)
     per_rank = out.pop("grads")
     complete = [n for n in layout if all(n in g for g in per_rank)]
@@ -182,17 +189,57 @@ def parallel_block_on_ranks(column_cls, row_cls, t: int, config: dict, state: di
     return out
 
 
-def _conjugate_rank(rank, t, copy_cls, reduce_cls, inputs, grads):
+def block_inputs(t: int, config: dict, state: dict, x: torch.Tensor, grad_out: torch.Tensor,
+                 dtype: str = "float32") -> list[dict]:
+    """What `block_rank` gets on each of t ranks: x and grad_out (replicated, as in tensor
+    parallelism), and the block's weights with the other ranks' shards of every split parameter
+    set to NaN. A rank holds only its own shards: an answer it computes without the others'
+    contributions is NaN, while parallelize_block never reads another rank's shard."""
+    cfg = GPTConfig(**config)  # a split that cannot work fails here, before any rank starts
+    split_evenly(cfg.n_head, t, "n_head")
+    split_evenly(cfg.kv_heads, t, "n_kv_head")
+    layout = block_layout(Block(GPTConfig(**config), block_rope(config)), t)
+    ranks = []
+    for r in range(t):
+        own = {}
+        for name, value in state.items():
+            shard = layout.get(name)
+            if shard is None or shard.dim is None:
+                own[name] = value
+            else:
+                parts = [shard_of(value, shard, k, t) for k in range(t)]
+                own[name] = unshard([p if k == r else torch.full_like(p, float("nan")) for k, p in enumerate(parts)],
+                                    shard)
+        ranks.append({"config": config, "state": own, "dtype": dtype, "x": x, "dy": grad_out})
+    return ranks
+
+
+def block_rank(rank, t, classes, mine: dict) -> dict:
+    """One rank of the column / row layers (`classes`) in a dense block, on this rank's own
+    `block_inputs` (what autograder.checks.separate_ranks hands each rank)."""
+    column_cls, row_cls = classes
+    return _block_rank(rank, t, column_cls, row_cls, mine["config"], mine["state"], mine["dtype"], mine["x"],
+                       mine["dy"])
+
+
+def conjugate_rank(rank, t, classes, mine: dict) -> dict:
+    """One rank of f and g (`classes`: the copy and reduce autograd functions) on this rank's own
+    {"x", "dy"} (what autograder.checks.separate_ranks hands each rank)."""
+    copy_cls, reduce_cls = classes
     out = {}
     for name, fn in (("f", copy_cls), ("g", reduce_cls)):
-        x = inputs[rank].clone().requires_grad_(True)
+        x = mine["x"].clone().requires_grad_(True)
         with count_bytes() as fwd:
             y = fn.apply(x)
         with count_bytes() as bwd:
-            (y * grads[rank]).sum().backward()  # = y.backward(grads[rank]) (see _block_rank)
+            (y * mine["dy"]).sum().backward()  # = y.backward(dy) (see _block_rank)
         out[name] = {"y": y.detach().clone(), "x_grad": x.grad, "calls_forward": dict(fwd.calls),
                      "calls_backward": dict(bwd.calls)}
     return out
+
+
+def _conjugate_rank(rank, t, copy_cls, reduce_cls, inputs, grads):
+    return conjugate_rank(rank, t, (copy_cls, reduce_cls), {"x": inputs[rank], "dy": grads[rank]})
 
 
 def conjugate_ops_on_ranks(copy_cls, reduce_cls, t: int, inputs: list[torch.Tensor], grads: list[torch.Tensor],
@@ -206,17 +253,28 @@ def conjugate_ops_on_ranks(copy_cls, reduce_cls, t: int, inputs: list[torch.Tens
     return {name: {key: [r[key] for r in out[name]] for key in out[name][0]} for name in ("f", "g")}
 
 
-def _vocab_loss_rank(rank, t, loss_fn, logits, targets):
-    V = logits.size(-1)
-    local_v = split_evenly(V, t, "vocab_size")
-    local = logits[..., rank * local_v:(rank + 1) * local_v].clone().requires_grad_(True)
+def vocab_loss_rank(rank, t, loss_fn, mine: dict) -> dict:
+    """One rank of a vocab-parallel loss on this rank's own {"logits": its columns, "targets",
+    "vocab_start"} (what autograder.checks.separate_ranks hands each rank)."""
+    local = mine["logits"].clone().requires_grad_(True)
     with count_bytes() as fwd, largest_new_tensor() as big_fwd:
-        loss = loss_fn(local, targets, rank * local_v)
+        loss = loss_fn(local, mine["targets"], int(mine["vocab_start"]))
     with count_bytes() as bwd, largest_new_tensor() as big_bwd:
         loss.backward()
     return {"loss": loss.detach().clone(), "logits_grad": local.grad, "calls_forward": dict(fwd.calls),
             "calls_backward": dict(bwd.calls), "largest_bytes": max(big_fwd.largest, big_bwd.largest),
             "local_logits_bytes": local.numel() * local.element_size()}
+
+
+def vocab_shards(logits: torch.Tensor, targets: torch.Tensor, t: int) -> list[dict]:
+    """What vocab_loss_rank gets on each of t ranks: its columns [r V/t, (r+1) V/t) of `logits`."""
+    local_v = split_evenly(logits.size(-1), t, "vocab_size")
+    return [{"logits": logits[..., r * local_v:(r + 1) * local_v].clone(), "targets": targets,
+             "vocab_start": r * local_v} for r in range(t)]
+
+
+def _vocab_loss_rank(rank, t, loss_fn, logits, targets):
+    return vocab_loss_rank(rank, t, loss_fn, vocab_shards(logits, targets, t)[rank])
 
 
 def vocab_loss_on_ranks(loss_fn, t: int, logits: torch.Tensor, targets: torch.Tensor, timeout: float = 60.0) -> dict:

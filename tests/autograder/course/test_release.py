@@ -17,6 +17,7 @@ from autograder.course.howto import (
 )
 from autograder.course.labspec import LabSpec
 from autograder.course.release import check_release, leaks, release_labs
+from autograder.grading.rank_pool import JOIN
 
 ROOT = repo_root()
 
@@ -158,20 +159,21 @@ def test_check_reports_a_release_whose_block_is_stale(tmp_path):
 def _make_targets(source: str) -> list[str]:
     tree = ast.parse(source)
     return [node.args[0].value for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "make"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("make", "separate_ranks")
             and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)]
 
 
 def test_visible_tests_hand_student_code_to_nothing_their_lab_forbids():
-    """`make(...)` runs in the student's process during grading, where the lab's tripwires watch:
-    a target under a forbidden name would zero the student's tests for the course's own call."""
+    """`make(...)` and `separate_ranks(...)`'s rank functions run in the student's processes during
+    grading, where the lab's tripwires watch: a target under a forbidden name would zero the
+    student's tests for the course's own call."""
     for lab in Catalog.load().ready():
         released = nbformat.read(lab.release_path(ROOT), as_version=4)
         for cell in released.cells:
             if cell.cell_type != "code" or not cell.metadata.get("nbgrader", {}).get("grade"):
                 continue
             for target in _make_targets(cell.source):
-                hits = [f for f in lab.forbid if target == f or target.startswith(f + ".")]
+                hits = [f for f in lab.forbid if any(t == f or t.startswith(f + ".") for t in (target, JOIN))]
                 assert hits == [], f"{lab.id} {cell.metadata['nbgrader']['grade_id']}: make({target!r}) is forbidden by {hits}"
 
 

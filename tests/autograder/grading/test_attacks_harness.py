@@ -7,6 +7,16 @@ beside the notebook. The tests check what the grader measures itself (the bytes 
 counted on the sandbox's own loopback network), so the fakes score 0 on every distributed test
 while the reference keeps full marks.
 
+b06's ring exercises, a03's three and a04's step loop run on ranks the grader starts, each in a sandbox of its own
+that holds only its own input (autograder.grading.rank_pool): a fake runner is never called
+there, and a fake rank function knows too little (FAKES_A03, FAKES_A04). SHARED is the
+attack on a byte lower bound: ring exercises that compute every result from the other ranks'
+inputs read through files in /dev/shm and /tmp (no network), and send junk of exactly the ring's
+size to the ring's neighbours, so that the bytes the ranks report and the kernel counts are a
+ring's. With ranks forked from the student's process (the course's harness before this) it
+scored both ring tests (4/8 with blank other exercises); with the network as the only channel
+between ranks it scores 0.
+
 Graded twice: with the lab's forbidden list, as `camp grade` does, and with none at all, so that
 the score comes from the trusted measurement alone (no static scan or observer verdict).
 Needs root and bubblewrap (the sandbox); skipped elsewhere with that reason.
@@ -27,7 +37,9 @@ pytestmark = [pytest.mark.slow,
 
 ROOT = repo_root()
 FAKED = {"b06": ["test_broadcast_parameters", "test_data_parallel", "test_ring_all_reduce", "test_ring_reduce_scatter"],
-         "a02": ["test_zero1", "test_zero2_grads"]}
+         "a02": ["test_zero1", "test_zero2_grads"],
+         "a03": ["test_conjugate_ops", "test_parallel_linear", "test_vocab_loss"],
+         "a04": ["test_pipeline_train_step"]}
 
 FAKES = '''
 import importlib
@@ -118,6 +130,160 @@ setattr(_train, "train_on_" + "ranks", _fake_train)
 '''
 
 
+RINGS = ["test_ring_all_reduce", "test_ring_reduce_scatter"]
+SHARED = '''
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+_runs = {}
+
+
+def _ring_junk(nbytes):
+    """Send `nbytes` of zeros to the right neighbour and take as many from the left: a ring's traffic."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    out, into = torch.zeros(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+    for req in (dist.isend(out, (r + 1) % n), dist.irecv(into, (r - 1) % n)):
+        req.wait()
+
+
+def _everyones(tensor):
+    """Every rank's tensor, through files (no network): rank order."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    key = (os.environ.get("MASTER_PORT", "0"), tensor.numel(), str(tensor.dtype))
+    _runs[key] = _runs.get(key, 0) + 1
+    name = "_".join(map(str, (*key, _runs[key]))).replace("torch.", "")
+    for folder in ("/dev/shm", "/tmp"):
+        torch.save(tensor, f"{folder}/{name}_{r}.part")
+        os.replace(f"{folder}/{name}_{r}.part", f"{folder}/{name}_{r}.pt")
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not all(os.path.exists(f"/tmp/{name}_{k}.pt") for k in range(n)):
+        time.sleep(0.01)
+    return [torch.load(f"/tmp/{name}_{k}.pt") for k in range(n)]
+
+
+def ring_reduce_scatter(flat, group=None):
+    n, size = dist.get_world_size(), flat.numel() * flat.element_size()
+    _ring_junk((n - 1) * size // n)
+    return torch.stack(_everyones(flat)).sum(0).chunk(n)[dist.get_rank()].clone()
+
+
+def ring_all_gather(chunk, group=None):
+    n = dist.get_world_size()
+    _ring_junk((n - 1) * chunk.numel() * chunk.element_size())
+    return torch.cat(_everyones(chunk))
+
+
+def ring_all_reduce(tensor, group=None):
+    n, size = dist.get_world_size(), tensor.numel() * tensor.element_size()
+    _ring_junk(2 * (n - 1) * size // n)
+    tensor.copy_(torch.stack(_everyones(tensor)).sum(0))
+    return tensor
+'''
+
+
+# a03 with blank exercises: its runners replaced by one-process fakes that compute f, g and the
+# vocab-parallel loss from every rank's input at once (with the old in-process runners this scored
+# test_conjugate_ops and test_vocab_loss, 5/8), and its rank functions replaced by ones that
+# answer from this rank's own shard alone (a dense block, a local loss): on the grader's own ranks
+# each holds only its shard (the others' weights are NaN there), so none of them can be right.
+FAKES_A03 = '''
+import importlib
+import torch
+
+_tp = importlib.import_module("camplib.parallel." + "tensor." + "r" + "un")
+
+
+def _fake_conjugate(copy_cls, reduce_cls, t, inputs, grads, timeout=60.0):
+    total_x, total_dy = sum(inputs), sum(grads)
+    return {"f": {"y": list(inputs), "x_grad": [total_dy] * t, "calls_forward": [{}] * t,
+                  "calls_backward": [{"allreduce": 1}] * t},
+            "g": {"y": [total_x] * t, "x_grad": list(grads), "calls_forward": [{"allreduce": 1}] * t,
+                  "calls_backward": [{}] * t}}
+
+
+def _fake_vocab(loss_fn, t, logits, targets, timeout=60.0):
+    full = logits.clone().requires_grad_(True)
+    loss = -full.log_softmax(-1)[torch.arange(len(targets)), targets].mean()
+    loss.backward()
+    local = logits.numel() * logits.element_size() // t
+    return {"loss": [loss.detach()] * t, "calls_forward": [{"allreduce": 3}] * t, "calls_backward": [{}] * t,
+            "largest_bytes": [local] * t, "local_logits_bytes": [local] * t, "logits_grad": full.grad}
+
+
+def _alone_conjugate(rank, t, classes, mine):
+    x, dy = mine["x"], mine["dy"]
+    return {"f": {"y": x, "x_grad": t * dy, "calls_forward": {}, "calls_backward": {"allreduce": 1}},
+            "g": {"y": t * x, "x_grad": dy, "calls_forward": {"allreduce": 1}, "calls_backward": {}}}
+
+
+def _alone_vocab(rank, t, loss_fn, mine):
+    local = mine["logits"].clone().requires_grad_(True)
+    loss = -local.log_softmax(-1).gather(1, (mine["targets"] - mine["vocab_start"]).clamp(0, local.size(1) - 1)[:, None]).mean()
+    loss.backward()
+    size = local.numel() * local.element_size()
+    return {"loss": loss.detach(), "logits_grad": local.grad, "calls_forward": {"allreduce": 3}, "calls_backward": {},
+            "largest_bytes": size, "local_logits_bytes": size}
+
+
+def _alone_block(rank, t, classes, mine):
+    block = _tp.dense_block({k: v for k, v in mine["config"].items()}, 0, mine["dtype"])
+    block.load_state_dict(mine["state"])
+    x = mine["x"].clone().requires_grad_(True)
+    y = block(x)
+    (y * mine["dy"]).sum().backward()
+    layout = _tp.block_layout(block, t)
+    grads = {n: p.grad for n, p in block.named_parameters()}
+    return {"y": y.detach(), "x_grad": x.grad, "missing": [], "calls_forward": {"allreduce": 2},
+            "calls_backward": {"allreduce": 2},
+            "grads": {n: (g if layout[n].dim is None else g.chunk(t, layout[n].dim)[rank]) for n, g in grads.items()}}
+
+
+setattr(_tp, "conjugate_ops_on_" + "ranks", _fake_conjugate)
+setattr(_tp, "vocab_loss_on_" + "ranks", _fake_vocab)
+setattr(_tp, "conjugate_" + "rank", _alone_conjugate)
+setattr(_tp, "vocab_loss_" + "rank", _alone_vocab)
+setattr(_tp, "block_" + "rank", _alone_block)
+'''
+# a04 with blank exercises: its runner replaced by the whole model's step in one process (with the
+# old in-process runner this scored test_pipeline_train_step, 4/7), and its rank function by one
+# that runs every stage itself: on the grader's own ranks the other stages' weights are NaN and
+# only the first stage's rank holds the token ids, only the last's the targets.
+FAKES_A04 = '''
+import importlib
+import torch
+
+_pp = importlib.import_module("camplib.parallel." + "pipeline." + "r" + "un")
+_specs = importlib.import_module("camplib.parallel." + "model_" + "specs")
+
+
+def _whole(spec, idx, targets, state=None):
+    model = _specs.build_model(spec)
+    if state is not None:
+        model.load_state_dict(state)
+    _, loss = model(idx, targets)
+    loss.backward()
+    return loss.detach(), {n: q.grad for n, q in model.named_parameters()}
+
+
+def _fake_run(spec, idx, targets, p, m, v=1, schedule="1f1b", step_fn=None, *, timeout=60.0):
+    loss, grads = _whole(spec, idx, targets)
+    return {"loss": loss, "grads": grads, "peak_in_flight": [1] * p, "bytes_sent": [0] * p}
+
+
+def _alone_rank(rank, p, step_fn, mine):
+    loss, grads = _whole(mine["spec"], mine["idx"], mine["targets"], mine["state"])
+    return {"loss": loss, "grads": grads, "peak": 1, "events": []}
+
+
+setattr(_pp, "run_pipeline_" + "spec", _fake_run)
+setattr(_pp, "pipeline_spec_" + "rank", _alone_rank)
+'''
+SEPARATE = {"b06": RINGS, "a03": FAKED["a03"], "a04": FAKED["a04"]}   # tests run on the grader's own ranks
+
+
 def _after_setup(nb, source):
     """`source` as a plain cell right after the setup cell."""
     i = next(i for i, c in enumerate(nb.cells) if "setup" in c.metadata.get("tags", []))
@@ -128,12 +294,22 @@ def _after_setup(nb, source):
 def _graded(tmp, catalog, lab):
     subs, out = tmp / "submissions", tmp / "workspace"
     write_submission(subs, "ada", lab, student_notebook(lab))
-    write_submission(subs, "fake_in_cell", lab, _after_setup(student_notebook(lab, solve=False), FAKES))
+    fakes = {"a03": FAKES_A03, "a04": FAKES_A04}.get(lab, FAKES)
+    write_submission(subs, "fake_in_cell", lab, _after_setup(student_notebook(lab, solve=False), fakes))
     beside = write_submission(subs, "fake_beside", lab,
                               _after_setup(student_notebook(lab, solve=False), "import helpers  # noqa"))
-    (beside.parent / "helpers.py").write_text(FAKES)
+    (beside.parent / "helpers.py").write_text(fakes)
+    if lab == "b06":
+        nb = student_notebook(lab, solve=False)
+        write_submission(subs, "shared", lab, _with_last(nb, SHARED))
     rows = {r.student: r for r in grade(subs, catalog, ROOT, out, lab, GradeOptions(jobs=1))}
     return rows, saved_results(out, catalog.get(lab).name)
+
+
+def _with_last(nb, source):
+    """`source` as the notebook's last cell: it defines the exercises' names after the blank ones."""
+    nb.cells.append(nbformat.v4.new_code_cell(source))
+    return nb
 
 
 def _without_forbid(catalog, lab_id):
@@ -154,8 +330,11 @@ def graded(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("forbid", [True, False], ids=["as_graded", "measured_only"])
-@pytest.mark.parametrize("lab", sorted(FAKED))
+# a03's and a04's fakes write into a library module, which the static scan already refuses as
+# tampering: graded only with nothing forbidden, where the grader's own ranks are what catch them
+@pytest.mark.parametrize(("lab", "forbid"), [(lab, forbid) for lab in sorted(FAKED) for forbid in (True, False)
+                                             if not (forbid and lab in ("a03", "a04"))],
+                         ids=lambda v: {True: "as_graded", False: "measured_only"}.get(v, v) if isinstance(v, bool) else v)
 def test_a_faked_harness_scores_nothing_and_the_reference_everything(graded, lab, forbid):
     rows, details = graded(lab, forbid)
     assert (rows["ada"].score, rows["ada"].status) == (rows["ada"].max_score, "graded") and rows["ada"].score > 0, \
@@ -170,5 +349,15 @@ def test_with_nothing_forbidden_the_kernels_byte_count_is_what_catches_the_fakes
     _, details = graded(lab, False)
     for student in ("fake_in_cell", "fake_beside"):
         for test in details[student]["tests"]:
-            if test["grade_id"] in FAKED[lab]:
+            if test["grade_id"] in FAKED[lab] and test["grade_id"] not in SEPARATE.get(lab, ()):
                 assert "the kernel counted" in test["message"], (student, test)
+            elif lab == "b06" and test["grade_id"] in RINGS:   # the grader's own ranks ran the blank exercise
+                assert "rank 0 of" in test["message"] and "not written yet" in test["message"], (student, test)
+
+
+@pytest.mark.parametrize("forbid", [True, False], ids=["as_graded", "measured_only"])
+def test_rings_that_share_files_and_send_junk_score_nothing(graded, forbid):
+    _, details = graded("b06", forbid)
+    scored = {t["grade_id"]: (t["score"], t["message"]) for t in details["shared"]["tests"]}
+    assert all(scored[g][0] == 0.0 for g in RINGS), scored
+    assert all("rank" in scored[g][1] for g in RINGS), scored

@@ -1,0 +1,145 @@
+"""The ranks of a distributed test, started by the grader: one sandbox per rank, each holding
+only its own input, all sharing the student's sandbox's loopback network and nothing else.
+
+A runner that the course starts in the student's process (camplib.dist.harness.run_collective,
+forking its ranks there) is the student's answer: a submission can replace it, and its ranks
+share one process's memory, /tmp, /dev/shm and pipes, so a correct result proves nothing
+(every rank can read every input) and bytes on the loopback can be junk. Here each rank is a
+fresh student process in a sandbox of its own (autograder.isolation.sandbox, `net_of`): its own
+files, /tmp and /dev/shm, IPC and PID namespaces and leased uid, the student's cells replayed
+in it, and its forbidden-API observer checked with canaries as the main one is. The grader
+hands rank r its own `per_rank[r]` over that rank's own wire and asks it to join the process
+group (camplib.dist.separate.join_and_run); the loopback network is the only channel between
+ranks, so outputs that depend on every rank's input prove that data travelled, and the bytes
+the grader counts on that network (Sandbox.loopback_bytes) bound how much.
+"""
+from __future__ import annotations
+
+import functools
+import secrets
+import threading
+
+from ..isolation.sandbox import Sandbox, StudentCrashed
+from .remote import RemoteObject, Session, StudentError
+
+JOIN = "camplib.dist.separate.join_and_run"
+
+
+class RankPool:
+    """Rank sandboxes beside `main` (engine._Student), started when a test first needs them and
+    kept for the submission's later tests. `new_student(sandbox)` makes a rank's _Student;
+    `observer_failed(student, plan, sound)` is the engine's check of an observer."""
+
+    def __init__(self, main, plan: list, new_student, observer_failed):
+        self.main, self.plan = main, plan
+        self.new_student, self.observer_failed = new_student, observer_failed
+        self.ranks: list = []
+        self._port = 20000 + secrets.randbelow(20000)
+        self._used = 0          # ranks the current test ran on (their observers are checked at its end)
+        self._found = ""        # a verdict from ranks closed during the test (crashed or timed out)
+
+    def _ensure(self, n: int) -> None:
+        """Rank sandboxes 0..n-1, the missing ones started side by side (each replays the cells)."""
+        main = self.main.sandbox
+        new = []
+        while len(self.ranks) < n:
+            r = len(self.ranks)
+            sandbox = Sandbox(main.staging, isolation=main.isolation, limits=main.limits, forbid=main.forbid,
+                              threads=1, log=main.log.with_name(f"{main.log.name}.rank{r}"), hide=main.hide,
+                              net_of=main)
+            student = self.new_student(sandbox)
+            student.ran = list(self.main.ran)
+            self.ranks.append(student)
+            new.append(student)
+        for student in new:   # from this thread: a sandbox dies with the thread that started it
+            student.sandbox.launch()
+        errors = _side_by_side([functools.partial(_ready, student) for student in new])
+        if errors:
+            raise errors[0]
+        for student in new:
+            student.sandbox.read_reports()   # what replaying the cells reported: not a test's
+
+    def run(self, path: str, fn, per_rank: list, timeout: float = 30.0) -> dict:
+        """on_ranks' format of the rank function `path`(rank, world_size, fn, per_rank[rank]),
+        each rank in its own sandbox. `fn`: the student's function or class (or a tuple of them),
+        by the name their notebook gives it."""
+        for one in fn if isinstance(fn, (list, tuple)) else [fn]:
+            if not (isinstance(one, RemoteObject) and isinstance(one._as_handle(), str)):
+                raise TypeError("separate ranks run functions or classes the notebook defines, passed by name")
+        n = len(per_rank)
+        try:
+            self._ensure(n)
+        except StudentCrashed as exc:
+            self.close()
+            raise StudentError(f"the grader could not start your code on {n} ranks: {exc}") from None
+        self._used = max(self._used, n)
+        self._port += 1
+        port = self._port
+        replies = [None] * n
+
+        def one(r: int):
+            def call():
+                replies[r] = self.ranks[r].session.make(JOIN, [path, fn, r, n, port, per_rank[r]], {"timeout": timeout})
+            return call
+
+        errors = _side_by_side([one(r) for r in range(n)], every=True)
+        if any(self.ranks[r].sandbox.proc is None for r in range(n)):   # crashed or timed out:
+            self._found = self._found or self._observers(canaries=False)  # what they reported first,
+            self.close()                                                  # fresh ones next time
+        failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+        if failed:
+            r, exc = failed[0]
+            raise type(exc)(f"rank {r} of {n}: {exc}") if isinstance(exc, StudentError) else exc
+        out = {key: [reply["returned"][key] for reply in replies] for key in replies[0]["returned"]}
+        out["bytes_sent"] = [reply["bytes_sent"] for reply in replies]
+        out["calls"] = [reply["calls"] for reply in replies]
+        return out
+
+    def verdict(self) -> str:
+        """At the end of a test: why the observers of the ranks it ran on convict it (a forbidden
+        call on a rank) or cannot be believed (their channel or canaries failed); "" when they pass."""
+        found = self._found or self._observers(canaries=True)
+        self._used, self._found = 0, ""
+        return found
+
+    def _observers(self, canaries: bool) -> str:
+        for r, student in enumerate(self.ranks[:self._used]):
+            alive = student.sandbox.proc is not None and student.sandbox.proc.poll() is None
+            hits, sound = student.sandbox.read_reports() if student.sandbox.reports is not None else (set(), True)
+            if hits:
+                return f"your code called {', '.join(sorted(hits))} on rank {r}, which this lab forbids"
+            failed = self.observer_failed(student, self.plan, sound) if alive and canaries else ""
+            if failed:
+                return f"rank {r}: {failed}"
+        return ""
+
+    def close(self) -> None:
+        for student in self.ranks:
+            student.sandbox.close()
+        self.ranks = []
+
+
+def _ready(student) -> None:
+    """Wait for a launched rank sandbox and replay the student's cells in it."""
+    student.sandbox.await_ready()
+    student.session = Session(student.sandbox, student.deadline)
+    student.replay()
+
+
+def _side_by_side(calls: list, every: bool = False) -> list:
+    """Run `calls` in threads of their own and wait for all; their exceptions (in order; with
+    `every`, one entry per call, None where it returned)."""
+    errors: list = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            calls[i]()
+        except Exception as exc:  # noqa: BLE001 - the caller decides
+            errors[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors if every else [e for e in errors if e is not None]

@@ -1,0 +1,123 @@
+"""The ranks the grader starts for a distributed test (autograder.grading.rank_pool): one
+sandbox per rank, sharing the student's sandbox's loopback network and nothing else, each
+receiving only its own input. A rank cannot see another's files (/tmp, /dev/shm) or processes;
+what it sends on the loopback network counts in the grader's measurement; the course's rank
+function runs the student's function there and the same call in a notebook forks the ranks.
+Needs root and bubblewrap for the sandbox tests (skipped elsewhere with that reason)."""
+import pytest
+import torch
+
+from autograder import checks
+from autograder.grading.engine import _observer_failed, _Student
+from autograder.grading.rank_pool import RankPool
+from autograder.grading.remote import RemoteObject, Session, StudentError
+from autograder.isolation.sandbox import Sandbox, namespaces_available
+
+needs_sandbox = pytest.mark.skipif(not namespaces_available(), reason="the bwrap sandbox needs root and bubblewrap")
+
+STUDENT_CODE = '''
+import os, socket, threading
+import torch
+import torch.distributed as dist
+
+
+def plant(port):
+    """Leave a secret in /tmp and /dev/shm and take whatever arrives on `port`."""
+    for folder in ("/tmp", "/dev/shm"):
+        with open(f"{folder}/secret", "w") as f:
+            f.write("rank input")
+    server = socket.create_server(("127.0.0.1", port))
+    def take():
+        peer, _ = server.accept()
+        while peer.recv(1 << 16):
+            pass
+    threading.Thread(target=take, daemon=True).start()
+    return os.getpid()
+
+
+def look_and_send(port, nbytes):
+    """What this process sees of the other's, and `nbytes` sent to it over the loopback network."""
+    seen = {folder: os.path.exists(f"{folder}/secret") for folder in ("/tmp", "/dev/shm")}
+    pythons = sum(1 for p in os.listdir("/proc") if p.isdigit())
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"x" * nbytes)
+    return {"seen": seen, "processes": pythons}
+
+
+def ring_sum(t):
+    r, n = dist.get_rank(), dist.get_world_size()
+    acc, piece = t.clone(), t.clone()
+    for _ in range(n - 1):
+        into = torch.empty_like(piece)
+        reqs = [dist.isend(piece, (r + 1) % n), dist.irecv(into, (r - 1) % n)]
+        for q in reqs:
+            q.wait()
+        acc += into
+        piece = into
+    return acc
+'''
+
+
+@pytest.fixture(scope="module")
+def main(tmp_path_factory):
+    if not namespaces_available():
+        pytest.skip("the bwrap sandbox needs root and bubblewrap")
+    student = _Student(Sandbox(tmp_path_factory.mktemp("ranks") / "s", isolation="bwrap"), float("inf"))
+    student.start()
+    student.run_cell(STUDENT_CODE)
+    yield student
+    if student.pool is not None:
+        student.pool.close()
+    student.sandbox.close()
+
+
+@pytest.mark.slow   # with the module's sandbox: five sandbox starts, ~36 s at load 18 on 2 cores
+@needs_sandbox
+def test_a_rank_sandbox_shares_the_loopback_network_and_nothing_else(main, tmp_path):
+    rank = _Student(Sandbox(main.sandbox.staging, isolation="bwrap", log=tmp_path / "rank.log", net_of=main.sandbox),
+                    float("inf"))
+    try:
+        rank.ran = list(main.ran)
+        rank.start()
+        rank.replay()
+        RemoteObject(main.session, "plant", "plant")(29411)
+        before = main.sandbox.loopback_bytes()
+        got = RemoteObject(rank.session, "look_and_send", "look_and_send")(29411, 1 << 20)
+        assert got["seen"] == {"/tmp": False, "/dev/shm": False}, got
+        assert got["processes"] <= 3, got   # its own PID namespace: bwrap's init, sandbox_init, itself
+        assert main.sandbox.loopback_bytes() - before >= 1 << 20   # its traffic is in the grader's count
+        assert rank.sandbox.uid != main.sandbox.uid
+    finally:
+        rank.sandbox.close()
+
+
+@pytest.mark.slow   # with the module's sandbox: five sandbox starts, ~36 s at load 18 on 2 cores
+@needs_sandbox
+def test_the_pool_runs_each_rank_on_its_own_input_in_its_own_sandbox(main):
+    main.pool = RankPool(main, [], lambda box: _Student(box, main.deadline), _observer_failed)
+    main.session = Session(main.sandbox, main.deadline, ranks=main.pool)
+    inputs = [torch.full((3,), float(r + 1), dtype=torch.float64) for r in range(3)]
+    checks._grading_session = main.session
+    try:
+        with checks.loopback_traffic() as wire:
+            out = checks.separate_ranks("camplib.dist.harness.collective_rank",
+                                        RemoteObject(main.session, "ring_sum", "ring_sum"), inputs)
+        with pytest.raises(StudentError, match="rank 0 of 2.*not defined in your notebook"):
+            checks.separate_ranks("camplib.dist.harness.collective_rank",
+                                  RemoteObject(main.session, "missing", "missing"), inputs[:2])
+        assert len({student.sandbox.uid for student in main.pool.ranks}) == 3
+        assert main.pool.verdict() == ""   # no forbidden call, every rank's observer intact
+    finally:
+        checks._grading_session = None
+        main.pool.close()
+    assert [o.tolist() for o in out["outputs"]] == [[6.0] * 3] * 3
+    assert out["bytes_sent"] == [2 * 24] * 3 and all(c.get("send") == 2 for c in out["calls"]), out
+    assert wire.sent >= 3 * 2 * 24
+
+
+def test_in_a_notebook_the_same_call_forks_the_ranks():
+    namespace = {}
+    exec(STUDENT_CODE, namespace)
+    out = checks.separate_ranks("camplib.dist.harness.collective_rank", namespace["ring_sum"],
+                                [torch.ones(2), 2 * torch.ones(2)])
+    assert [o.tolist() for o in out["outputs"]] == [[3.0, 3.0]] * 2 and out["bytes_sent"] == [8, 8]
