@@ -3,7 +3,8 @@
 Each module is what a finished lab leaves behind, so later labs can import it instead of
 re-deriving it: `device` (where to run, seeding), `attention` (softmax, scaled dot-product and
 multi-head attention, KV cache), `attention_backend` (which attention kernel is faster here:
-measured per device, dtype and size, cached, overridable), `rope` (rotary position embeddings), `model` (a GPT-2 / Llama
+measured per device, dtype and size, cached, overridable), `rope` (rotary position embeddings),
+`activations` (SiLU written out, and SwiGLU's gate on torch's kernel), `model` (a GPT-2 / Llama
 style decoder), `hf` (weights exchanged with Hugging Face `transformers`), `gguf` (llama.cpp's
 model files read from scratch: SmolLM2-135M-Instruct as a camplib GPT), `tokenizer`
 (byte-level BPE), `data` (the standard-library corpus, de-duplication, packing, sharded loading),
@@ -25,7 +26,7 @@ Importing `camplib` imports nothing heavy: submodules are loaded when first used
 """
 import importlib
 
-__all__ = ["device", "attention", "attention_backend", "rope", "model", "hf", "gguf", "tokenizer", "data", "optim", "schedule",
+__all__ = ["device", "attention", "attention_backend", "rope", "activations", "model", "hf", "gguf", "tokenizer", "data", "optim", "schedule",
            "train_state", "trainer", "generate", "dist", "amp", "memory", "activation_checkpoint", "fused", "parallel",
            "losses", "monitoring", "profiling", "lora", "prompt_tuning", "intents", "quant", "compress",
            "kernels", "codegen", "dialogue", "serving"]

@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from camplib.activations import swiglu
 from camplib.attention import BACKENDS, KVCache, MultiHeadAttention
 from camplib.losses import cross_entropy
 from camplib.rope import RotaryEmbedding, permute_qk_rows
 
-__all__ = ["GPTConfig", "RMSNorm", "MLP", "SiLU", "silu", "SwiGLU", "Block", "GPT", "count_parameters",
+__all__ = ["GPTConfig", "RMSNorm", "MLP", "SwiGLU", "Block", "GPT", "count_parameters",
            "convert_rope_pairing"]
 
 
@@ -118,42 +119,9 @@ class MLP(nn.Module):
         return self.dropout(self.proj(F.gelu(self.fc(x), approximate=self.approximate)))
 
 
-class _SiLUFunction(torch.autograd.Function):
-    """silu(x) = x * sigmoid(x), with its derivative written out. Saves only x (as F.silu does);
-    with s = sigmoid(x): d/dx [x s] = s + x s (1 - s) = s (1 + x (1 - s))."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * torch.sigmoid(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        s = torch.sigmoid(x)
-        return grad * s * (1 + x * (1 - s))
-
-
-def silu(x: torch.Tensor) -> torch.Tensor:
-    """SiLU, or swish (Elfwing et al. 2017; Ramachandran et al. 2017): x * sigmoid(x), a smooth
-    ReLU that dips slightly below zero (min -0.278 at x = -1.278). SwiGLU's gate.
-
-    bf16 / fp16 inputs are computed in fp32 and rounded once at the end, as torch's kernel does
-    (torch.nn.functional.silu: tests/camplib/test_model.py compares values and gradients)."""
-    wide = torch.promote_types(x.dtype, torch.float32)
-    return _SiLUFunction.apply(x.to(wide)).to(x.dtype)
-
-
-class SiLU(nn.Module):
-    """`silu` as a module (torch.nn.SiLU's place in a Sequential)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return silu(x)
-
-
 class SwiGLU(nn.Module):
     """Llama's feed-forward: down(silu(gate(x)) * up(x)); the gate lets the MLP switch features
-    on and off per token (Shazeer 2020)."""
+    on and off per token (Shazeer 2020). On torch's SiLU kernel (camplib.activations.swiglu)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -163,7 +131,7 @@ class SwiGLU(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
-        return self.dropout(self.down(silu(self.gate(x)) * self.up(x)))
+        return self.dropout(self.down(swiglu(self.gate(x), self.up(x))))
 
 
 def make_norm(cfg: GPTConfig) -> nn.Module:

@@ -21,15 +21,24 @@ __all__ = ["AdamW", "PlainAdamW", "adamw_update_", "clip_grad_norm_", "decay_par
 
 
 class AdamW(torch.optim.Optimizer):
-    """torch.optim.AdamW's update (amsgrad=False, maximize=False), one parameter at a time."""
+    """torch.optim.AdamW's update (amsgrad=False, maximize=False), one parameter at a time.
+
+    fused=True runs the same update as one kernel over all the parameters of a group,
+    torch._fused_adamw_ (what torch.optim.AdamW(fused=True) runs): the formula of
+    `adamw_update_` below in one pass over memory instead of ~8 element-wise passes and ~8 Python
+    calls per parameter, which is most of the optimizer's cost for a small model. Its arithmetic
+    order differs, so it equals the default path within rounding (tests/camplib/test_optim.py:
+    2e-6 relative on the weights after 5 steps) and torch.optim.AdamW(fused=True) bit for bit.
+    The state is the same (`step` on the parameter's device, as torch's fused path keeps it).
+    """
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2):
+                 eps: float = 1e-8, weight_decay: float = 1e-2, *, fused: bool = False):
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError(f"need lr, eps, weight_decay >= 0, got {lr}, {eps}, {weight_decay}")
         if not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"need 0 <= beta < 1, got betas={betas}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused))
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -38,14 +47,36 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:  # frozen or unused this step: no update, no state
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("AdamW does not support sparse gradients")
+            params = [p for p in group["params"] if p.grad is not None]  # frozen or unused: no update, no state
+            if any(p.grad.is_sparse for p in params):
+                raise RuntimeError("AdamW does not support sparse gradients")
+            if group.get("fused"):
+                self._fused_step(params, group)
+                continue
+            for p in params:
                 adamw_update_(p, p.grad, self.state[p], group["lr"], group["betas"], group["eps"],
                               group["weight_decay"])
         return loss
+
+    def _fused_step(self, params: list[torch.Tensor], group: dict) -> None:
+        """The group's update in torch's fused kernel, one call per (device, dtype)."""
+        by_kind: dict[tuple, list[torch.Tensor]] = {}
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            by_kind.setdefault((p.device, p.dtype), []).append(p)
+        beta1, beta2 = group["betas"]
+        for same in by_kind.values():
+            states = [self.state[p] for p in same]
+            steps = [s["step"] for s in states]
+            torch._foreach_add_(steps, 1)
+            torch._fused_adamw_(same, [p.grad for p in same], [s["exp_avg"] for s in states],
+                                [s["exp_avg_sq"] for s in states], [], steps, amsgrad=False, lr=group["lr"],
+                                beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
+                                maximize=False, grad_scale=None, found_inf=None)
 
 
 @torch.no_grad()

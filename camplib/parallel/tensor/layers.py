@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from camplib.attention import causal_mask, scaled_dot_product_attention
-from camplib.model import silu
+from camplib.activations import swiglu
 from camplib.parallel.tensor.comm import (
     all_reduce_max,
     all_reduce_sum,
@@ -277,7 +277,7 @@ class ParallelMLP(nn.Module):
         if self.kind == "gelu":
             return self.dropout(self.proj(F.gelu(self.fc(x), approximate=self.approximate)))
         x = self.gate.enter(x)  # one f (or one all-gather) for both column layers
-        return self.dropout(self.down(silu(self.gate.compute(x)) * self.up.compute(x)))
+        return self.dropout(self.down(swiglu(self.gate.compute(x), self.up.compute(x))))
 
 
 class ParallelAttention(nn.Module):

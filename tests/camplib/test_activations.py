@@ -1,0 +1,79 @@
+"""camplib.activations: SiLU written out, and SwiGLU's gate on torch's SiLU kernel (what the
+model trains on), against torch.nn.functional and the written-out form."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autograder.checks import check_close
+from camplib.activations import SiLU, silu, swiglu
+from camplib.model import GPTConfig, SwiGLU
+
+SILU_TOL = {torch.float64: (1e-14, 1e-14), torch.float32: (1e-6, 2e-6),
+            torch.bfloat16: (1e-2, 8e-3), torch.float16: (1e-3, 1e-3)}
+
+
+def probe(dtype, gen):
+    """Random values over SiLU's interesting range, the tails (exp overflows at -1e4), its minimum
+    (-1.278) and zero."""
+    x = torch.cat([torch.randn(4000, generator=gen) * 6,
+                   torch.tensor([-1e4, -100.0, -20.0, -1.278, -0.0, 0.0, 1e-30, 20.0, 100.0, 1e4])])
+    return x.to(dtype), torch.randn(x.shape, generator=gen).to(dtype)
+
+
+def values_and_grads(fn, x, grad_out):
+    leaf = x.clone().requires_grad_()
+    y = fn(leaf)
+    y.backward(grad_out)
+    return y, leaf.grad
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("dtype", sorted(SILU_TOL, key=str))
+def test_silu_matches_torch_values_and_gradients(dtype):
+    """camplib.activations.silu / SiLU against torch.nn.functional.silu: values and gradients. (~0.01 s)"""
+    x, grad_out = probe(dtype, torch.Generator().manual_seed(0))
+    (y, gx), (y_ref, gx_ref) = values_and_grads(silu, x, grad_out), values_and_grads(F.silu, x, grad_out)
+    atol, rtol = SILU_TOL[dtype]
+    assert y.dtype == dtype and gx.dtype == dtype
+    check_close(f"silu({dtype})", y, y_ref, atol=atol, rtol=rtol)
+    check_close(f"d silu / dx ({dtype})", gx, gx_ref, atol=atol, rtol=rtol)
+    check_close(f"SiLU module ({dtype})", SiLU()(x), torch.nn.SiLU()(x), atol=atol, rtol=rtol)
+    assert torch.isfinite(gx).all()
+
+
+def test_silu_saves_only_its_input():
+    """Its backward recomputes sigmoid(x) from x instead of keeping it: F.silu's memory. (~0.01 s)"""
+    def saved_by(fn):
+        packed = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.shape) or t, lambda t: t):
+            fn(torch.randn(8, 16, requires_grad=True) * 1.0)
+        return packed
+
+    assert saved_by(silu) == saved_by(F.silu) == [torch.Size([8, 16])]
+
+
+@pytest.mark.parity
+def test_model_swiglu_equals_the_written_out_silu():
+    """camplib.model's SwiGLU (on torch's SiLU kernel) equals down(silu(gate x) * up x) with the
+    written-out silu: the fast kernel changes speed, not the function. Values and gradients of the
+    input and of every weight, fp64. (~0.01 s)"""
+    torch.manual_seed(0)
+    block = SwiGLU(GPTConfig.llama_style(d_model=16, d_ff=40)).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    results = []
+    for fn in (block, lambda t: block.down(silu(block.gate(t)) * block.up(t))):
+        leaf = x.clone().requires_grad_()
+        out = fn(leaf)
+        results.append((out, torch.autograd.grad(out.square().sum(), [leaf, *block.parameters()])))
+    (out, grads), (ref, ref_grads) = results
+    check_close("SwiGLU output", out, ref, atol=1e-12, rtol=1e-12)
+    for name, g, r in zip(["input", *dict(block.named_parameters())], grads, ref_grads):
+        check_close(f"SwiGLU d/d {name}", g, r, atol=1e-12, rtol=1e-12)
+
+
+def test_swiglu_is_silu_times_up():
+    """swiglu(gate, up) = silu(gate) * up, values and both gradients, fp64. (~0.01 s)"""
+    gen = torch.Generator().manual_seed(2)
+    a, b = (torch.randn(3, 7, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    assert torch.autograd.gradcheck(swiglu, (a, b))
+    check_close("swiglu", swiglu(a, b), silu(a) * b, atol=1e-15, rtol=1e-14)
