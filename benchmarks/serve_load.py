@@ -53,9 +53,11 @@ def wait_up(base: str, proc: subprocess.Popen, timeout: float = 90) -> None:
     raise SystemExit(f"server {base} not up after {timeout} s")
 
 
-async def one_request(client: httpx.AsyncClient, base: str, prompt: str, max_tokens: int) -> dict:
+async def one_request(client: httpx.AsyncClient, base: str, prompt: str, max_tokens: int,
+                      model: str = "camp-demo") -> dict:
+    """One greedy streamed completion (SSE): its text, tokens, time to first token and latency."""
     start, first, text, tokens = time.perf_counter(), None, [], 0
-    body = {"model": "camp-demo", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     async with client.stream("POST", base + "/v1/completions", json=body) as r:
         r.raise_for_status()
@@ -72,11 +74,15 @@ async def one_request(client: httpx.AsyncClient, base: str, prompt: str, max_tok
     return {"prompt": prompt, "text": "".join(text), "tokens": tokens, "ttft": first - start, "latency": end - start}
 
 
-async def level(base: str, clients: int, per_client: int, max_tokens: int) -> dict:
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=clients)) as client:
+def demo_prompts(clients: int, per_client: int) -> list[str]:
+    return [f"client {w} request {i}: the" for i in range(per_client) for w in range(clients)]
+
+
+async def level(base: str, clients: int, prompts: list[str], max_tokens: int, model: str = "camp-demo") -> dict:
+    """`clients` concurrent clients; client w sends prompts w, w + clients, ... one after another."""
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=clients)) as client:
         async def worker(w):
-            return [await one_request(client, base, f"client {w} request {i}: the", max_tokens)
-                    for i in range(per_client)]
+            return [await one_request(client, base, p, max_tokens, model) for p in prompts[w::clients]]
         start = time.perf_counter()
         results = [r for rs in await asyncio.gather(*(worker(w) for w in range(clients))) for r in rs]
         wall = time.perf_counter() - start
@@ -85,7 +91,7 @@ async def level(base: str, clients: int, per_client: int, max_tokens: int) -> di
 
     def pct(xs, q):
         return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
-    return {"clients": clients, "requests": len(results), "tok_per_s": sum(r["tokens"] for r in results) / wall,
+    return {"clients": clients, "requests": len(results), "tok_per_s": sum(r["tokens"] for r in results) / wall, "wall": wall,
             "p50": statistics.median(lat), "p99": pct(lat, 0.99), "ttft50": statistics.median(ttft),
             "ttft99": pct(ttft, 0.99), "texts": {r["prompt"]: r["text"] for r in results}}
 
@@ -102,8 +108,8 @@ def main():
     try:
         for proc, base in servers.values():
             wait_up(base, proc)
-            asyncio.run(level(base, 4, 1, 4))   # warm-up: the first forward passes are slower
-        rows = {name: [asyncio.run(level(base, c, args.requests_per_client, args.max_tokens)) for c in levels]
+            asyncio.run(level(base, 4, demo_prompts(4, 1), 4))   # warm-up: the first forward passes are slower
+        rows = {name: [asyncio.run(level(base, c, demo_prompts(c, args.requests_per_client), args.max_tokens)) for c in levels]
                 for name, (proc, base) in servers.items()}
     finally:
         for proc, _ in servers.values():

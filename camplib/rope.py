@@ -82,11 +82,16 @@ class RotaryEmbedding(nn.Module):
             cos, sin = self.cos[positions], self.sin[positions]
             if positions.dim() == 2:  # (B, T, d) -> (B, 1, T, d) to broadcast over heads
                 cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        turned = rotate_half(x) if self.pairing == "half" else rotate_interleaved(x)
-        return x * cos + turned * sin
+        return self.turn(x, cos.to(x.dtype), sin.to(x.dtype))
 
     forward = rotate
+
+    def turn(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate x by angles whose cos/sin (rows of the tables, broadcastable to x) are given:
+        a caller rotating many tensors at the same positions looks them up once (the serving
+        engine, for q and k of every layer)."""
+        turned = rotate_half(x) if self.pairing == "half" else rotate_interleaved(x)
+        return x * cos + turned * sin
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_seq_len={self.max_seq_len}, theta={self.theta}, pairing={self.pairing}"

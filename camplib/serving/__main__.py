@@ -40,7 +40,7 @@ def build(args):
         served.name = args.model_name
     engine = Engine(served.model, block_size=args.block_size, num_blocks=args.num_blocks,
                     kv_cache_bytes=args.kv_cache_mb * 2**20, max_batch=args.max_batch,
-                    max_waiting=args.max_waiting, metrics=ServingMetrics(served.name, served.model.config.max_seq_len))
+                    max_waiting=args.max_waiting, fast_cpu=args.fast_cpu, metrics=ServingMetrics(served.name, served.model.config.max_seq_len))
     return create_app(served, engine)
 
 
@@ -65,6 +65,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                          " when blocks run out, the scheduler preempts)")
     ap.add_argument("--max-batch", type=int, default=32, help="most sequences decoding together")
     ap.add_argument("--max-waiting", type=int, default=256, help="queued requests beyond which it answers 429")
+    ap.add_argument("--fast-cpu", action=argparse.BooleanOptionalAction, default=True,
+                    help="on a CPU, run the linear layers from weights packed once for oneDNN (as vLLM's CPU "
+                         "backend does) with fewer kernels per layer (camplib.serving.cpu_model; equal up to "
+                         "rounding); --no-fast-cpu runs the model exactly as loaded")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)

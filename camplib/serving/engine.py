@@ -1,8 +1,9 @@
 """The generation engine: continuous batching over camplib's GPT with a paged KV cache.
 
-`step()` is one iteration: the scheduler picks who runs; newly admitted sequences are prefilled
-(one forward each), every running sequence decodes one token together in one batched forward,
-each gets one sampled token, and finished ones leave and free their blocks. A request therefore
+`step()` is one iteration: the scheduler picks who runs; the prompts of newly admitted sequences
+and the newest token of every running one go through the model together, in one forward over a
+flat batch of tokens (camplib.serving.paged_model), each row gets one sampled token, and finished
+ones leave and free their blocks. A request therefore
 joins the batch at the next step after it arrives and leaves the step it finishes, while the
 others keep decoding. Greedy outputs are the same tokens as `camplib.generate.generate` gives
 for each prompt alone (tests/camplib/serving/test_engine.py).
@@ -18,10 +19,11 @@ import time
 import torch
 
 from camplib.generate import sample
+from camplib.serving.cpu_model import available as fast_cpu_available, for_cpu_serving
 from camplib.serving.block_manager import BlockManager
 from camplib.serving.kv_pool import PagedKVPool, pool_bytes_per_block
 from camplib.serving.metrics import ServingMetrics
-from camplib.serving.paged_model import paged_forward
+from camplib.serving.paged_model import StepBatch, paged_forward
 from camplib.serving.scheduler import Scheduler
 from camplib.serving.sequence import SamplingParams, Sequence, Status
 
@@ -32,13 +34,19 @@ class Engine:
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_bytes: int | None = None, max_batch: int = 32, max_waiting: int = 256,
                  max_prefill_tokens: int | None = None, metrics: ServingMetrics | None = None,
-                 scheduler_cls=Scheduler, block_manager_cls=BlockManager):
+                 scheduler_cls=Scheduler, block_manager_cls=BlockManager, fast_cpu: bool = False):
         """The pool has num_blocks blocks; by default enough for max_batch sequences of max_seq_len
-        tokens (no more can ever be in use), and at most as many as kv_cache_bytes holds."""
+        tokens (no more can ever be in use), and at most as many as kv_cache_bytes holds.
+        fast_cpu=True runs a copy of the model with weights packed for oneDNN and fewer kernels
+        (camplib.serving.cpu_model: faster on a CPU, equal up to rounding); ignored where this torch
+        or device cannot."""
         self.model = model.eval()
         cfg = self.config = model.config
         p = model.tok_emb.weight
         self.device, self.dtype = p.device, p.dtype
+        self.fast_cpu = fast_cpu and fast_cpu_available(self.device, self.dtype)
+        if self.fast_cpu:
+            self.model = for_cpu_serving(self.model)
         self.bytes_per_block = pool_bytes_per_block(cfg, block_size, self.dtype)
         if num_blocks is None:
             num_blocks = max_batch * -(-cfg.max_seq_len // block_size)
@@ -102,12 +110,11 @@ class Engine:
             # the block tables are read here, under the lock; the forward runs without it, so
             # the event loop can add or abort requests meanwhile (an abort frees blocks only
             # schedule() hands out again, on this thread)
-            work = ([(decode, self._decode_inputs(decode))] if decode else []) + \
-                   [([s], self._prefill_inputs(s)) for s in prefill]
-        rows = [s for seqs, _ in work for s in seqs]
-        logits = [paged_forward(self.model, self.pool, *inputs) for _, inputs in work]
+            rows = decode + prefill
+            batch = self._batch(decode, prefill) if rows else None
+        logits = paged_forward(self.model, self.pool, batch) if rows else None
         with self.lock:
-            first_prompts, generated = self._sample_and_finish(rows, torch.cat(logits)) if rows else (0, 0)
+            first_prompts, generated = self._sample_and_finish(rows, logits) if rows else (0, 0)
             self.steps += 1
             if self.metrics is not None:
                 self.metrics.on_step(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
@@ -119,21 +126,35 @@ class Engine:
     def _tensor(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
-    def _prefill_inputs(self, seq: Sequence) -> tuple:
-        """All tokens of a newly admitted sequence, written to the blocks it was given."""
-        n = len(seq)
-        blocks, slots = zip(*self.blocks.slots(seq.id, 0, n))
-        return (self._tensor([seq.tokens]), self._tensor([list(range(n))]), self._tensor(blocks), self._tensor(slots))
-
-    def _decode_inputs(self, seqs: list[Sequence]) -> tuple:
-        """The newest token of each sequence (its slot reserved by the scheduler), one batch."""
-        last = [self.blocks.slots(s.id, len(s) - 1, len(s))[0] for s in seqs]
-        tables = [self.blocks.tables[s.id] for s in seqs]
-        width = max(len(t) for t in tables)
-        padded = [t + [t[0]] * (width - len(t)) for t in tables]
-        return (self._tensor([[s.tokens[-1]] for s in seqs]), self._tensor([[len(s) - 1] for s in seqs]),
-                self._tensor([b for b, _ in last]), self._tensor([s for _, s in last]), self._tensor(padded),
-                self._tensor([len(s) for s in seqs]))
+    def _batch(self, decode: list[Sequence], prefill: list[Sequence]) -> StepBatch:
+        """The step's flat batch: the newest token of each decoding sequence (its slot reserved by
+        the scheduler), then all tokens of each newly admitted one, written to the blocks it was given."""
+        bs, tokens, positions, slots = self.blocks.block_size, [], [], []
+        for s in decode:
+            n = len(s) - 1
+            (block, slot), = self.blocks.slots(s.id, n, n + 1)
+            tokens.append(s.output[-1] if s.output else s.prompt[-1])
+            positions.append(n)
+            slots.append(block * bs + slot)
+        for s in prefill:
+            tokens += s.tokens
+            positions += range(len(s))
+            slots += [block * bs + slot for block, slot in self.blocks.slots(s.id, 0, len(s))]
+        batch = StepBatch(self._tensor(tokens), self._tensor(positions), self._tensor(slots), len(decode),
+                          [len(s) for s in prefill])
+        if decode:   # the slots of each decoding sequence's keys, in order, padded to the longest table
+            tables = [self.blocks.tables[s.id] for s in decode]
+            width = max(map(len, tables))
+            blocks = self._tensor([t + [t[0]] * (width - len(t)) for t in tables])
+            within = torch.arange(bs, device=self.device)
+            batch.context = (blocks[:, :, None] * bs + within).flatten(1)
+            lengths = self._tensor([len(s) for s in decode])
+            cached = torch.arange(width * bs, device=self.device) < lengths[:, None]
+            # additive (0 / -inf) rather than boolean: every decode row sees at least its own key,
+            # so no row is all -inf and attend has no empty rows to patch up, layer after layer
+            batch.context_mask = torch.zeros(cached.shape, dtype=self.dtype, device=self.device).masked_fill(
+                ~cached, float("-inf"))[:, None, None, :]
+        return batch
 
     def _sample_and_finish(self, rows: list[Sequence], logits: torch.Tensor) -> tuple[int, int]:
         """Append each row's sampled token, retire finished ones; (prompt tokens of the rows that

@@ -1,10 +1,11 @@
 """The tensors behind the block manager: keys and values of every layer for `num_blocks` blocks
 of `block_size` token slots, (layers, blocks, slots, kv_heads, head_dim), allocated once.
 
-`write` scatters new keys/values to their (block, slot); `gather` reads the blocks of a batch of
-block tables back into the contiguous (B, kv_heads, S, head_dim) layout attention expects, with
-a key mask hiding the slots past each sequence's length (a GPU engine would read the blocks
-inside the attention kernel instead; on CPU a gather is the readable way).
+A slot is addressed by one number, block * block_size + slot in the block (vLLM's slot mapping):
+`write` scatters new keys/values to their slots; `gather` reads a batch of sequences' slots back
+into the contiguous (B, kv_heads, S, head_dim) layout attention expects (a GPU engine would read
+the blocks inside the attention kernel instead; on CPU one indexed copy per layer is the readable
+way: ~5% of a 16-sequence SmolLM2 step in the profile quoted in benchmarks/README.md).
 """
 from __future__ import annotations
 
@@ -33,17 +34,14 @@ class PagedKVPool:
     def nbytes(self) -> int:
         return storage_bytes([self.k, self.v])
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor, slots: torch.Tensor) -> None:
-        """k, v: (N, kv_heads, head_dim) for N tokens going to blocks[i], slots[i]."""
-        self.k[layer, blocks, slots] = k.to(self.k.dtype)
-        self.v[layer, blocks, slots] = v.to(self.v.dtype)
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """k, v: (N, kv_heads, head_dim) for N tokens going to slots[i] = block * block_size + slot."""
+        self.k[layer].view(-1, *self.k.shape[-2:])[slots] = k.to(self.k.dtype)
+        self.v[layer].view(-1, *self.v.shape[-2:])[slots] = v.to(self.v.dtype)
 
-    def gather(self, layer: int, tables: torch.Tensor, lengths: torch.Tensor):
-        """tables (B, max_blocks) (padded with any valid block), lengths (B,) -> keys, values
-        (B, kv_heads, max_blocks * block_size, head_dim) and the key mask (B, 1, 1, S), True
-        for the slots each sequence really filled."""
-        B, nb = tables.shape
-        k = self.k[layer][tables].reshape(B, nb * self.block_size, *self.k.shape[-2:]).transpose(1, 2)
-        v = self.v[layer][tables].reshape(B, nb * self.block_size, *self.v.shape[-2:]).transpose(1, 2)
-        mask = torch.arange(nb * self.block_size, device=tables.device)[None, :] < lengths[:, None]
-        return k, v, mask[:, None, None, :]
+    def gather(self, layer: int, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """context (B, S): slots (block * block_size + slot) of each sequence's keys, in token order
+        -> keys, values (B, kv_heads, S, head_dim), the layout attention expects."""
+        k = self.k[layer].view(-1, *self.k.shape[-2:])[context].transpose(1, 2)
+        v = self.v[layer].view(-1, *self.v.shape[-2:])[context].transpose(1, 2)
+        return k, v

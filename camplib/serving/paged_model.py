@@ -1,52 +1,90 @@
 """camplib's GPT run over a paged KV cache: the same modules and weights as `GPT.forward`
 (camplib.model), layer by layer, but keys/values go to and come from `PagedKVPool` blocks.
 
-Two kinds of call, as in vLLM:
-- prefill: one sequence's tokens not cached yet (its prompt; after a preemption also its earlier
-  output), causal attention over themselves, their keys/values written to the sequence's blocks;
-- decode: one new token for each of B sequences of different lengths, attending to all its
-  sequence's cached keys, gathered from the block tables with a mask past each length.
-Both return the logits of each sequence's last token. Call under torch.no_grad().
+One forward per engine step, as in vLLM and nano-vllm: the new tokens of every row of the step
+are laid end to end into one flat batch of N tokens (`StepBatch`), so every weight matrix is read
+once per step, in one (N, d) product, however many sequences are prefilled or decoded. Two kinds
+of row, decode rows first:
+- decode: the newest token of a running sequence; its query attends to all its sequence's cached
+  keys, gathered from the blocks through `context` (slot indices) with a mask past each length;
+- prefill: all tokens of a newly admitted sequence (its prompt; after a preemption also its
+  earlier output), causal attention over themselves.
+Only attention knows about rows; embeddings, norms, projections and the MLP see N tokens. Every
+token's key/value is written to its slot; the logits are those of each row's last token.
+Call under torch.no_grad().
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from camplib.attention import attend
+from camplib.attention_backend import choose
 from camplib.serving.kv_pool import PagedKVPool
 
-__all__ = ["paged_forward"]
+__all__ = ["StepBatch", "paged_forward"]
 
 
-def paged_forward(model, pool: PagedKVPool, idx: torch.Tensor, positions: torch.Tensor, blocks: torch.Tensor,
-                  slots: torch.Tensor, tables: torch.Tensor | None = None,
-                  lengths: torch.Tensor | None = None) -> torch.Tensor:
-    """idx, positions: (B, T); blocks, slots: (B * T,) where each token's keys/values go.
+@dataclass
+class StepBatch:
+    tokens: torch.Tensor           # (N,) token ids: decode rows' one token each, then prefill rows' tokens
+    positions: torch.Tensor        # (N,) each token's position in its sequence
+    slots: torch.Tensor            # (N,) where its key/value goes: block * block_size + slot in the block
+    n_decode: int                  # the first n_decode tokens are decode rows
+    prefill_lens: list[int]        # then one prefill row of each length
+    context: torch.Tensor | None = None   # (n_decode, S) slots of each decode row's keys (padding: any slot)
+    context_mask: torch.Tensor | None = None   # (n_decode, 1, 1, S) 0 where a key is really cached, else -inf
 
-    tables/lengths None: prefill (B == 1, causal over the T tokens, which are all the sequence
-    has). Otherwise decode (T == 1): tables (B, max_blocks), lengths (B,) tokens cached
-    including this one. -> logits (B, vocab) of each row's last token.
-    """
-    B, T = idx.shape
-    x = model.tok_emb(idx)
+    @property
+    def last(self) -> torch.Tensor:
+        """Index of each row's last token in the flat batch."""
+        ends = [self.n_decode + sum(self.prefill_lens[:i + 1]) for i in range(len(self.prefill_lens))]
+        return torch.tensor(list(range(self.n_decode)) + [e - 1 for e in ends], device=self.tokens.device)
+
+
+def _backend(attn, q, k) -> str:
+    """The attention backend for these shapes, resolved once per forward (not per layer)."""
+    if attn.backend != "auto":
+        return attn.backend
+    return choose(q.device, q.dtype, (q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)), backward=False,
+                  attend=attend)
+
+
+def paged_forward(model, pool: PagedKVPool, batch: StepBatch) -> torch.Tensor:
+    """-> logits (rows, vocab) of each row's last token, decode rows first."""
+    N, nd = batch.tokens.numel(), batch.n_decode
+    x = model.tok_emb(batch.tokens)
     if model.pos_emb is not None:
-        x = x + model.pos_emb(positions)
+        x = x + model.pos_emb(batch.positions)
+    rope = model.blocks[0].attn.rope
+    if rope is not None:   # the angles of the N positions, looked up once for q and k of every layer
+        cos, sin = (t[batch.positions][:, None, :].to(x.dtype) for t in (rope.cos, rope.sin))
+    backends: dict[str, str] = {}
     for layer, block in enumerate(model.blocks):
         attn = block.attn
         H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
-        q, k, v = attn.qkv(block.ln1(x)).split([H * D, Hkv * D, Hkv * D], dim=-1)
-        q = q.view(B, T, H, D).transpose(1, 2)
-        k = k.view(B, T, Hkv, D).transpose(1, 2)
-        v = v.view(B, T, Hkv, D).transpose(1, 2)
-        if attn.rope is not None:
-            q, k = attn.rope(q, 0, positions), attn.rope(k, 0, positions)
-        pool.write(layer, k.transpose(1, 2).reshape(B * T, Hkv, D), v.transpose(1, 2).reshape(B * T, Hkv, D),
-                   blocks, slots)
-        if tables is None:
-            y = attend(q, k, v, is_causal=True, backend=attn.backend)
-        else:
-            keys, values, mask = pool.gather(layer, tables, lengths)
-            y = attend(q, keys.to(q.dtype), values.to(q.dtype), mask, is_causal=False, backend=attn.backend)
-        x = x + attn.proj(y.transpose(1, 2).reshape(B, T, H * D))
+        qkv = attn.qkv(block.ln1(x))
+        qk, v = qkv[:, :(H + Hkv) * D].view(N, H + Hkv, D), qkv[:, (H + Hkv) * D:].view(N, Hkv, D)
+        if rope is not None:   # queries and keys turn by the same angles: one call for both
+            qk = attn.rope.turn(qk, cos, sin)
+        q, k = qk[:, :H], qk[:, H:]
+        pool.write(layer, k, v, batch.slots)
+        out = []
+        if nd:   # (nd, H, 1, D) queries over (nd, Hkv, S, D) gathered keys
+            keys, values = pool.gather(layer, batch.context)
+            qd = q[:nd, :, None]
+            if "decode" not in backends:
+                backends["decode"] = _backend(attn, qd, keys)
+            out.append(attend(qd, keys, values, batch.context_mask, is_causal=False,
+                              backend=backends["decode"]).reshape(nd, H * D))
+        start = nd
+        for T in batch.prefill_lens:   # (1, H, T, D) causal over the row's own T keys
+            qp, kp, vp = (t[start:start + T].transpose(0, 1)[None] for t in (q, k, v))
+            if "prefill" not in backends:
+                backends["prefill"] = _backend(attn, qp, kp)
+            out.append(attend(qp, kp, vp, is_causal=True, backend=backends["prefill"])[0].transpose(0, 1).reshape(T, H * D))
+            start += T
+        x = x + attn.proj(torch.cat(out) if len(out) > 1 else out[0])
         x = x + block.mlp(block.ln2(x))
-    return model.lm_head(model.ln_f(x[:, -1]))
+    return model.lm_head(model.ln_f(x[batch.last]))
