@@ -11,7 +11,9 @@ Training starts the head from the linear probe ("LP-FT", Kumar et al. 2022, "Fin
 Distort Pretrained Features"): a random head sends large, random gradients into the encoder in the
 first steps; a probed one lets LoRA (or full fine-tuning) only improve on the probe. Nothing here
 imports camplib.lora: the classifier trains whatever parameters of the encoder require grad, so a
-lab forbidding camplib.lora can use it with the student's LoRA.
+lab forbidding camplib.lora can use it with the student's LoRA. When only the top layers train
+(their weights, or LoRA on them only), fine_tune runs the frozen layers below once per text and
+each step only the top: benchmarks/a06_lora_settings.py --method full --top 2.
 """
 from __future__ import annotations
 
