@@ -11,11 +11,14 @@ Training starts the head from the linear probe ("LP-FT", Kumar et al. 2022, "Fin
 Distort Pretrained Features"): a random head sends large, random gradients into the encoder in the
 first steps; a probed one lets LoRA (or full fine-tuning) only improve on the probe. Nothing here
 imports camplib.lora: the classifier trains whatever parameters of the encoder require grad, so a
-lab forbidding camplib.lora can use it with the student's LoRA.
+lab forbidding camplib.lora can use it with the student's LoRA. When only the top layers train
+(their weights, or LoRA on them only), fine_tune runs the frozen layers below once per text and
+each step only the top: benchmarks/a06_lora_settings.py --method full --top 2.
 """
 from __future__ import annotations
 
 import copy
+import math
 import os
 
 import torch
@@ -121,19 +124,34 @@ def fit_probe(clf: IntentClassifier, texts, labels, steps: int = 200, lr: float 
 
 
 def fine_tune(clf: IntentClassifier, texts, labels, steps: int, batch_size: int = 32, lr: float = 3e-4,
-              head_lr: float = 3e-3, seed: int = 0) -> list[float]:
+              head_lr: float = 3e-3, seed: int = 0, *, label_smoothing: float = 0.0, warmup: int = 0,
+              cosine: bool = False, cache_frozen: bool = True) -> list[float]:
     """Train the encoder's parameters that require grad (LoRA's A and B after an injection, or
-    all of them) at `lr` and the head at `head_lr`, on random batches; returns each step's loss.
-    Call fit_probe first to start from the probe's head (LP-FT)."""
+    all of them, or the top layers' only) at `lr` and the head at `head_lr`, on random batches;
+    returns each step's loss. Call fit_probe first to start from the probe's head (LP-FT).
+
+    `warmup` steps raise both learning rates linearly from 0, then they stay (or, with `cosine`,
+    fall along half a cosine to 0 at the last step); `label_smoothing` as F.cross_entropy's.
+    With `cache_frozen`, the embeddings and leading layers that have nothing to train run once
+    per distinct text, in eval mode (without their dropout), and each step runs only the layers
+    above them (`_FrozenBottom`): the same model, several times fewer operations per step when
+    only the top layers train."""
     y = torch.as_tensor(labels, device=clf.device)
     body = [p for p in clf.encoder.parameters() if p.requires_grad]
     opts = [PlainAdamW(body, lr=lr, weight_decay=0.01), PlainAdamW(clf.head.parameters(), lr=head_lr, weight_decay=0.01)]
+    bottom = _FrozenBottom(clf, texts) if cache_frozen and _frozen_layers(clf.encoder) > 0 else None
     gen = torch.Generator().manual_seed(seed)
     clf.train()
     losses = []
-    for _ in range(steps):
+    for step in range(steps):
+        factor = min(1.0, (step + 1) / warmup) if warmup else 1.0
+        if cosine and step >= warmup:
+            factor = 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+        for opt, base in zip(opts, (lr, head_lr)):
+            opt.lr = base * factor
         pick = torch.randint(0, len(texts), (min(batch_size, len(texts)),), generator=gen)
-        loss = F.cross_entropy(clf([texts[i] for i in pick]), y[pick.to(clf.device)])
+        logits = bottom.logits(pick.tolist()) if bottom else clf([texts[i] for i in pick])
+        loss = F.cross_entropy(logits, y[pick.to(clf.device)], label_smoothing=label_smoothing)
         for opt in opts:
             opt.zero_grad()
         loss.backward()
@@ -142,6 +160,54 @@ def fine_tune(clf: IntentClassifier, texts, labels, steps: int, batch_size: int 
         losses.append(loss.item())
     clf.eval()
     return losses
+
+
+def _frozen_layers(encoder: nn.Module) -> int:
+    """How many leading layers of a BERT-style encoder (its embeddings frozen too) have no
+    parameter that requires grad; 0 for anything else."""
+    layers = getattr(getattr(encoder, "encoder", None), "layer", None)
+    embeddings = getattr(encoder, "embeddings", None)
+    if layers is None or embeddings is None or any(p.requires_grad for p in embeddings.parameters()):
+        return 0
+    n = 0
+    for layer in layers:
+        if any(p.requires_grad for p in layer.parameters()):
+            break
+        n += 1
+    return n
+
+
+class _FrozenBottom:
+    """The output of an encoder's frozen embeddings and first `n` layers for each training text,
+    computed once (eval mode, no grad, batches of 64), and the logits of a batch of them through
+    the layers above, mean pooling and the head. The layers take an additive (N, 1, 1, T) attention
+    mask (0 on tokens, the dtype's minimum on padding), what BERT's eager and SDPA attention both
+    read; the test compares the logits with the full encoder's."""
+
+    def __init__(self, clf: IntentClassifier, texts: list[str]):
+        self.clf, self.n = clf, _frozen_layers(clf.encoder)
+        self.states: list[torch.Tensor] = []
+        was = clf.encoder.training
+        clf.encoder.eval()
+        with torch.no_grad():
+            for i in range(0, len(texts), 64):
+                batch = clf.tokenizer(list(texts[i:i + 64]), padding=True, truncation=True,
+                                      max_length=clf.max_length, return_tensors="pt").to(clf.device)
+                hidden = clf.encoder(**batch, output_hidden_states=True).hidden_states[self.n]
+                self.states += [h[:int(m.sum())] for h, m in zip(hidden, batch["attention_mask"])]
+        clf.encoder.train(was)
+
+    def logits(self, rows: list[int]) -> torch.Tensor:
+        states = [self.states[i] for i in rows]
+        length = max(len(s) for s in states)
+        hidden = torch.stack([F.pad(s, (0, 0, 0, length - len(s))) for s in states])
+        mask = torch.stack([torch.arange(length, device=hidden.device) < len(s) for s in states]).long()
+        extended = (1.0 - mask[:, None, None, :].to(hidden.dtype)) * torch.finfo(hidden.dtype).min
+        for layer in self.clf.encoder.encoder.layer[self.n:]:
+            hidden = layer(hidden, attention_mask=extended)
+            hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        return self.clf.head((hidden * weights).sum(1) / weights.sum(1))
 
 
 def report(clf: IntentClassifier, texts, labels) -> dict:

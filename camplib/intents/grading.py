@@ -31,12 +31,15 @@ _RUNS: "weakref.WeakKeyDictionary[Callable, dict[str, dict]]" = weakref.WeakKeyD
 
 def lora_run_for_grading(inject_fn: Callable, texts: list[str], labels: list[int], intents: list[str], *,
                          layers: int, steps: int, batch_size: int, lr: float, head_lr: float, r: int,
-                         seed: int, device: str = "cpu") -> dict:
-    """Probe, then `inject_fn(encoder, TARGETS, r, 2 * r)` and fine-tune; {"losses", "trained":
-    {parameter name: tensor} (LoRA's A and B, the head as "head.weight"/"head.bias", anything else
-    that required grad), "scale": {module name: float}}."""
+                         seed: int, device: str = "cpu", targets: list[str] | None = None,
+                         **schedule) -> dict:
+    """Probe, then `inject_fn(encoder, targets, r, 2 * r)` (TARGETS by default) and fine-tune;
+    {"losses", "trained": {parameter name: tensor} (LoRA's A and B, the head as
+    "head.weight"/"head.bias", anything else that required grad), "scale": {module name: float}}.
+    `schedule`: fine_tune's keywords (label_smoothing, warmup, cosine)."""
+    targets = list(TARGETS if targets is None else targets)
     key = json.dumps([list(texts), list(labels), list(intents), layers, steps, batch_size, lr, head_lr, r, seed,
-                      str(device)])
+                      str(device), targets, sorted(schedule.items())])
     try:
         done = _RUNS.setdefault(inject_fn, {})
     except TypeError:                      # not weak-referenceable: never remembered
@@ -47,8 +50,8 @@ def lora_run_for_grading(inject_fn: Callable, texts: list[str], labels: list[int
         for p in clf.encoder.parameters():
             p.requires_grad_(False)
         fit_probe(clf, texts, labels, seed=seed)
-        inject_fn(clf.encoder, list(TARGETS), r, 2 * r)
-        losses = fine_tune(clf, texts, labels, steps, batch_size, lr, head_lr, seed=seed)
+        inject_fn(clf.encoder, targets, r, 2 * r)
+        losses = fine_tune(clf, texts, labels, steps, batch_size, lr, head_lr, seed=seed, **schedule)
         trained = {f"encoder.{n}": p.detach().cpu().clone() for n, p in clf.encoder.named_parameters() if p.requires_grad}
         trained.update({f"head.{n}": p.detach().cpu().clone() for n, p in clf.head.named_parameters()})
         scale = {n: float(m.scale) for n, m in clf.encoder.named_modules() if hasattr(m, "lora_A")}
@@ -58,15 +61,16 @@ def lora_run_for_grading(inject_fn: Callable, texts: list[str], labels: list[int
 
 
 def classifier_from_run(run: dict, intents: list[str], layers: int, r: int, device: str = "cpu",
-                        inject_fn: Callable | None = None) -> IntentClassifier:
+                        inject_fn: Callable | None = None, targets: list[str] | None = None) -> IntentClassifier:
     """A fresh MiniLM with LoRA injected by `inject_fn` (camplib.lora's by default, each layer
-    then set to the run's own scale) and the run's trained tensors loaded; raises ValueError when
-    they do not fit the model."""
+    then set to the run's own scale) on `targets` (TARGETS by default: the run's) and the run's
+    trained tensors loaded; raises ValueError when they do not fit the model."""
+    targets = list(TARGETS if targets is None else targets)
     encoder, tokenizer = load_minilm(layers, device)
     clf = IntentClassifier(encoder, tokenizer, intents)
     if inject_fn is None:
         from camplib.lora import inject_lora as inject_fn
-    inject_fn(clf.encoder, list(TARGETS), r, 2 * r)
+    inject_fn(clf.encoder, targets, r, 2 * r)
     for name, module in clf.encoder.named_modules():
         if not hasattr(module, "lora_A"):
             continue
@@ -76,7 +80,7 @@ def classifier_from_run(run: dict, intents: list[str], layers: int, r: int, devi
     params = dict(clf.named_parameters())
     unknown = sorted(set(run["trained"]) - set(params))
     if unknown:
-        raise ValueError(f"trained tensors that MiniLM with LoRA on {TARGETS} does not have: {unknown[:3]}")
+        raise ValueError(f"trained tensors that MiniLM with LoRA on {targets} does not have: {unknown[:3]}")
     with torch.no_grad():
         for name, value in run["trained"].items():
             if tuple(value.shape) != tuple(params[name].shape):

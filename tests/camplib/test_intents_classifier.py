@@ -81,3 +81,40 @@ def test_an_unfrozen_base_is_graded_as_trained(data):
     by_hand = _trained_by_hand(data, inject_without_freezing).eval()
     with torch.no_grad():
         torch.testing.assert_close(graded(data["test"][0]), by_hand(data["test"][0]), atol=1e-5, rtol=1e-5)
+
+
+def _top_layer_trainable(layers: int, texts, intents, dropout: float | None = None):
+    torch.manual_seed(0)                                         # the head starts the same
+    clf = IntentClassifier(*load_minilm(layers), intents)
+    for p in clf.encoder.parameters():
+        p.requires_grad_(False)
+    for p in clf.encoder.encoder.layer[-1].parameters():
+        p.requires_grad_(True)
+    if dropout is not None:
+        for m in clf.modules():
+            if isinstance(m, nn.Dropout):
+                m.p = dropout
+    return clf
+
+
+def test_cached_frozen_layers_are_the_same_model(data):
+    """fine_tune runs the frozen embeddings and layers once per text (_FrozenBottom) and only the
+    trainable top layer per step: the logits of rows in another order (other padding) are the full
+    encoder's, and without dropout training gives the same losses and weights as the uncached path."""
+    from camplib.intents.classifier import _FrozenBottom, _frozen_layers
+
+    texts, labels = data["train"]
+    clf = _top_layer_trainable(2, texts, data["intents"]).eval()
+    assert _frozen_layers(clf.encoder) == 1
+    bottom = _FrozenBottom(clf, texts)
+    rows = [5, 0, 3, 1]
+    with torch.no_grad():
+        torch.testing.assert_close(bottom.logits(rows), clf([texts[i] for i in rows]), atol=1e-5, rtol=1e-5)
+    runs = []
+    for cache in (True, False):
+        clf = _top_layer_trainable(2, texts, data["intents"], dropout=0.0)
+        losses = fine_tune(clf, texts, labels, 3, 4, 1e-3, 1e-2, seed=1, cache_frozen=cache, warmup=2, cosine=True)
+        runs.append((losses, clf.encoder.encoder.layer[-1].output.dense.weight.detach().clone()))
+    assert runs[0][0] == pytest.approx(runs[1][0], abs=1e-5)
+    # AdamW moves each weight by ~1e-3 a step: 5e-5 sees a wrong step, not float sums in another order
+    torch.testing.assert_close(runs[0][1], runs[1][1], atol=5e-5, rtol=0)
