@@ -14,19 +14,27 @@ Prompt formats, per model:
 - SmolLM2-135M-Instruct as shipped (`smollm2_completer`): it has no FIM tokens, so the prompt is
   the prefix alone (left to right, the suffix unused: the "L2R" baseline of the InCoder and FIM
   papers' infilling tables); `<|endoftext|>` and `<|im_end|>` end the text;
+- SmolLM2 fine-tuned with FIM (`smollm2_fim_completer`, camplib.codegen.fim_tune): with a
+  suffix, `<jupyter_start> prefix <jupyter_output> suffix <jupyter_code>`, three of its rare
+  special tokens as sentinels, as it was trained;
 - the token n-gram (`ngram_completer`): the same prompt and tokenizer as the p01 model, each next
   token the most likely under the counts (NgramModel.most_likely).
+
+`complete.many(items, line=..., max_new_tokens=..., batch_size=8)` (and `complete_many`, which
+falls back to one call per item for the n-gram) completes a list of (prefix, suffix) pairs in
+batches: one KV-cached generate per batch, prompts of similar length together.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from camplib.codegen.fim import fim_prompt
 from camplib.generate import generate
 
-__all__ = ["Completer", "bpe_completer", "smollm2_completer", "ngram_completer", "finished"]
+__all__ = ["Completer", "bpe_completer", "smollm2_completer", "smollm2_fim_completer", "ngram_completer",
+           "complete_many", "finished"]
 
 Completer = Callable[..., str]
 
@@ -49,47 +57,110 @@ def _heal(prefix: str) -> tuple[str, Callable[[str], str]]:
     return prefix[:-1], lambda text: text[1:] if text.startswith("\n") else text
 
 
-def _greedy(model, ids: list[int], decode: Callable[[list[int]], str], stop_ids: set[int], line: bool,
-            max_new_tokens: int) -> str:
+def _greedy_batch(model, prompts: Sequence[tuple[list[int], Callable[[list[int]], str]]], stop_ids: set[int],
+                  line: bool, max_new_tokens: int, batch_size: int = 8) -> list[str]:
+    """Greedy completions of many (ids, decode) prompts, `batch_size` at a time through
+    camplib.generate (KV cache; prompts of similar length together, padded on the left with an
+    attention mask, so each row continues as it would alone). A batch ends once every row has
+    finished (a stop id, or `finished` on its decoded text); each row's tokens are cut where it
+    finished and at its first stop id, and its text at its first newline in line mode."""
     max_new_tokens = min(max_new_tokens, model.config.max_seq_len // 2)   # a small model's window: half for the prompt
-    ids = ids[-(model.config.max_seq_len - max_new_tokens):]
+    keep = model.config.max_seq_len - max_new_tokens
     device = next(model.parameters()).device
-    start = len(ids)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i][0]))
+    texts: list[str] = [""] * len(prompts)
 
-    def stop(idx):
-        new = idx[0, start:].tolist()
-        return bool(stop_ids & set(new)) or finished(decode(new), line)
+    def cut(new: list[int]) -> list[int]:
+        return new[:next((i for i, t in enumerate(new) if t in stop_ids), len(new))]
 
-    with torch.no_grad():
-        out = generate(model.eval(), torch.tensor([ids], device=device), max_new_tokens, stop=stop)[0, start:].tolist()
-    cut = next((i for i, t in enumerate(out) if t in stop_ids), len(out))
-    text = decode(out[:cut])
-    return text.split("\n", 1)[0] if line else text
+    for first in range(0, len(order), max(1, batch_size)):
+        chosen = order[first:first + max(1, batch_size)]
+        rows = [list(prompts[i][0])[-keep:] for i in chosen]
+        decoders = [prompts[i][1] for i in chosen]
+        width = max(map(len, rows))
+        idx = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, r in enumerate(rows):
+            idx[b, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[b, width - len(r):] = 1
+
+        ends: list[int | None] = [None] * len(rows)   # where each row finished: it is cut there, as alone
+
+        def stop(ids: torch.Tensor) -> bool:
+            for b, (new, dec) in enumerate(zip(ids[:, width:].tolist(), decoders)):
+                if ends[b] is None and (len(cut(new)) < len(new) or finished(dec(new), line)):
+                    ends[b] = len(new)
+            return all(e is not None for e in ends)
+
+        padded = bool((mask == 0).any())
+        with torch.no_grad():
+            out = generate(model.eval(), idx.to(device), max_new_tokens, stop=stop,
+                           attention_mask=mask.to(device) if padded else None)[:, width:].tolist()
+        for i, new, dec, end in zip(chosen, out, decoders, ends):
+            text = dec(cut(new[:end]))
+            texts[i] = text.split("\n", 1)[0] if line else text
+    return texts
+
+
+def _completer(prompt_of: Callable[[str, str | None], tuple[list[int], Callable]], model, stop_ids: set[int],
+               max_new_tokens: int) -> Completer:
+    """complete(prefix, suffix=None, *, line, max_new_tokens) and complete.many(items, *, line,
+    max_new_tokens, batch_size) for a camplib GPT, given how to build a prompt's (ids, decode)."""
+    def many(items, *, line: bool = False, max_new_tokens: int = max_new_tokens, batch_size: int = 8) -> list[str]:
+        return _greedy_batch(model, [prompt_of(p, s) for p, s in items], stop_ids, line, max_new_tokens, batch_size)
+
+    def complete(prefix: str, suffix: str | None = None, *, line: bool = False, max_new_tokens: int = max_new_tokens):
+        return many([(prefix, suffix)], line=line, max_new_tokens=max_new_tokens, batch_size=1)[0]
+    complete.many = many
+    return complete
+
+
+def complete_many(complete: Completer, items: Sequence[tuple[str, str | None]], *, line: bool,
+                  max_new_tokens: int, batch_size: int = 8) -> list[str]:
+    """complete(prefix, suffix, line=..., max_new_tokens=...) for each (prefix, suffix) of items,
+    batched where the completer can (`complete.many`: the GPT-based ones), one by one otherwise."""
+    many = getattr(complete, "many", None)
+    if many is not None:
+        return many(items, line=line, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    return [complete(p, s, line=line, max_new_tokens=max_new_tokens) for p, s in items]
 
 
 def bpe_completer(model, bpe, max_new_tokens: int = 128) -> Completer:
     """The p01 model (camplib GPT + camplib ByteBPE with the FIM sentinels)."""
-    special = set(bpe.special_tokens.values())
-
-    def complete(prefix: str, suffix: str | None = None, *, line: bool = False, max_new_tokens: int = max_new_tokens):
+    def prompt_of(prefix: str, suffix: str | None):
         if suffix is not None:
-            return _greedy(model, bpe.encode(fim_prompt(prefix, suffix), allow_special=True), bpe.decode, special,
-                           line, max_new_tokens)
+            return bpe.encode(fim_prompt(prefix, suffix), allow_special=True), bpe.decode
         prompt, healed = _heal(prefix)
-        return _greedy(model, bpe.encode(prompt, allow_special=True), lambda ids: healed(bpe.decode(ids)), special,
-                       line, max_new_tokens)
-    return complete
+        return bpe.encode(prompt, allow_special=True), lambda ids: healed(bpe.decode(ids))
+    return _completer(prompt_of, model, set(bpe.special_tokens.values()), max_new_tokens)
 
 
 def smollm2_completer(model, tokenizer, max_new_tokens: int = 256) -> Completer:
     """SmolLM2 (camplib GPT from camplib.gguf + its tokenizer): left to right, the suffix unused."""
     stop_ids = {i for i in (tokenizer.convert_tokens_to_ids("<|endoftext|>"), tokenizer.eos_token_id) if i is not None}
 
-    def complete(prefix: str, suffix: str | None = None, *, line: bool = False, max_new_tokens: int = max_new_tokens):
+    def prompt_of(prefix: str, suffix: str | None):
         prompt, healed = _heal(prefix)
-        return _greedy(model, tokenizer.encode(prompt, add_special_tokens=False),
-                       lambda ids: healed(tokenizer.decode(ids, skip_special_tokens=False)), stop_ids, line, max_new_tokens)
-    return complete
+        return (tokenizer.encode(prompt, add_special_tokens=False),
+                lambda ids: healed(tokenizer.decode(ids, skip_special_tokens=False)))
+    return _completer(prompt_of, model, stop_ids, max_new_tokens)
+
+
+def smollm2_fim_completer(model, tokenizer, max_new_tokens: int = 256) -> Completer:
+    """SmolLM2 after FIM fine-tuning (camplib.codegen.fim_tune): with a suffix, the prompt is
+    `<jupyter_start> prefix <jupyter_output> suffix <jupyter_code>` (fim_tune.SENTINELS, the
+    format it was trained on), and the model writes the middle; without one, as smollm2_completer."""
+    from camplib.codegen.fim_tune import fim_prompt_ids, fim_tokens
+
+    stop_ids = set(fim_tokens(tokenizer)) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+
+    def prompt_of(prefix: str, suffix: str | None):
+        if suffix is not None:
+            return fim_prompt_ids(tokenizer, prefix, suffix), decode
+        prompt, healed = _heal(prefix)
+        return tokenizer.encode(prompt, add_special_tokens=False), lambda ids: healed(decode(ids))
+    return _completer(prompt_of, model, stop_ids, max_new_tokens)
 
 
 def ngram_completer(ngram, bpe, max_new_tokens: int = 128) -> Completer:

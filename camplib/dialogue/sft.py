@@ -48,13 +48,17 @@ def batches_of(data: dict[str, torch.Tensor], batch_size: int, steps: int, seed:
 
 def lora_sft(model: torch.nn.Module, batches: Sequence[dict], loss_fn: Callable, *, lr: float = 3e-3,
              r: int = 8, alpha: float = 16.0, targets=TARGETS, seed: int = 0,
-             autocast_dtype: torch.dtype | None = None, train_embeddings: bool = False) -> list[float]:
+             autocast_dtype: torch.dtype | None = None, train_embeddings: bool = False,
+             on_step: Callable[[int, float], None] | None = None) -> list[float]:
     """Inject LoRA into `model` (in place) and train it on `batches`; returns each step's loss.
     `loss_fn(logits, labels)` gets the full-sequence logits and unshifted labels.
 
     train_embeddings also trains the token embeddings (tied to the output layer in the tiny
     model), as peft's `modules_to_save=["embed_tokens"]`: a base that never saw the chat tokens
-    (or the assistant's words) cannot learn them through LoRA on the Linears alone."""
+    (or the assistant's words) cannot learn them through LoRA on the Linears alone.
+
+    on_step(step, loss), when given, is called after each step (1-based): to log or to save the
+    adapter at several budgets of one run."""
     torch.manual_seed(seed)
     inject_lora(model, targets, r=r, alpha=alpha)
     if train_embeddings:
@@ -74,6 +78,10 @@ def lora_sft(model: torch.nn.Module, batches: Sequence[dict], loss_fn: Callable,
         if not torch.isfinite(loss):
             raise FloatingPointError(f"the loss is {float(loss)} at step {len(losses)}")
         losses.append(optimizer.minimize_step(loss, max_norm=1.0))
+        if on_step is not None:
+            model.eval()
+            on_step(len(losses), losses[-1])
+            model.train()
     model.eval()
     return losses
 

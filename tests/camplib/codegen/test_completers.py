@@ -43,3 +43,20 @@ def test_completers_stop_where_they_should():
             assert "\n" not in line, repr(line)
     body = ngram_completer(ngram, bpe)("def f(x):\n", line=False, max_new_tokens=40)
     assert body.startswith("    return x + 1\n"), repr(body)
+
+
+def test_batched_completions_equal_one_by_one():
+    """complete.many pads prompts of different lengths on the left, in batches: each text must be
+    the one the prompt gets alone (FIM and left to right, line and function mode)."""
+    text = "def f(x):\n    y = x * 2\n    return y + 1\n\n\ndef g(a, b):\n    return a - b\n" * 6
+    bpe = ByteBPE.train([text], 320, special_tokens=SPECIAL_TOKENS)
+    torch.manual_seed(1)
+    model = GPT(GPTConfig.llama_style(vocab_size=bpe.vocab_size, d_model=32, n_layer=2, n_head=2, n_kv_head=1,
+                                      max_seq_len=256)).eval()
+    complete = bpe_completer(model, bpe)
+    items = [("def f(x):\n", "\n    return y + 1\n"), ("def g(a, b):\n    return", None), ("x", "\n"),
+             ("def f(x):\n    y = x * 2\n", None), ("def g(a, b):\n", "\n"), ("d", None)]
+    for line in (True, False):
+        alone = [complete(p, s, line=line, max_new_tokens=12) for p, s in items]
+        assert complete.many(items, line=line, max_new_tokens=12, batch_size=4) == alone, line
+    assert len({complete(p, s, line=False, max_new_tokens=12) for p, s in items}) > 1   # not all the same text

