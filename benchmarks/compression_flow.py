@@ -123,7 +123,7 @@ def main() -> None:
         for r in rows:
             ax.annotate(r["stage"], (r["parameters"], r["accuracy"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
         if frontier:
-            ax.plot([r["parameters"] for r in frontier], [r["accuracy"] for r in frontier], "s--", label="int8 students (sweep)")
+            ax.plot([r["parameters"] for r in frontier], [r["accuracy"] for r in frontier], "s", label="int8 students (sweep)")
         ax.axvline(BRIEF_RATIO * base["parameters"], color="grey", ls=":", label="10% of the teacher's parameters")
         ax.axhline(base["accuracy"] - BRIEF_POINTS / 100, color="tab:red", ls=":", label="teacher - 3 points")
         ax.set(xscale="log", xlabel="parameters (embeddings and head included)", ylabel="held-out accuracy",
