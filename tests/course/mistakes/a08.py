@@ -19,4 +19,9 @@ MISTAKES = [
     # KL averaged over positions AND the vocabulary: V times too small
     Mistake("distillation_loss", _edit("distillation_loss", 'reduction="batchmean"', 'reduction="mean"'),
             3, "not 'mean'"),
+    # every token not kept sent to row 0 (often [PAD]) instead of [UNK]'s row
+    Mistake("restrict_vocabulary", _edit("restrict_vocabulary",
+                                         "torch.full((V,), int((kept == unk_id).nonzero()), dtype=torch.long)",
+                                         "torch.zeros(V, dtype=torch.long)"),
+            2, "each goes to [UNK]'s new row"),
 ]
