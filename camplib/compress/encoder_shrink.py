@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
+from camplib.compress.slicing import sliced_linear
 from camplib.quant.formats import quantize_absmax
 
 __all__ = ["RemappedTokenizer", "used_token_ids", "prune_encoder_layer", "encoder_unit_scores", "keep_highest",
@@ -47,18 +48,6 @@ def used_token_ids(tokenizer, texts: list[str], max_length: int = 48) -> torch.T
     return torch.tensor(sorted(seen), dtype=torch.long)
 
 
-def _sliced(lin: nn.Linear, rows=None, cols=None) -> nn.Linear:
-    w = lin.weight.detach()
-    w = w[rows] if rows is not None else w
-    w = w[:, cols] if cols is not None else w
-    out = nn.Linear(w.shape[1], w.shape[0], bias=lin.bias is not None, device=w.device, dtype=w.dtype)
-    with torch.no_grad():
-        out.weight.copy_(w)
-        if lin.bias is not None:
-            out.bias.copy_(lin.bias.detach()[rows] if rows is not None else lin.bias.detach())
-    return out
-
-
 def prune_encoder_layer(layer: nn.Module, keep_heads, keep_channels) -> None:
     """Keep only the attention heads and MLP channels listed, in a transformers BertLayer, in place
     (fresh, smaller Linear layers). BERT's self-attention infers the head count from the query's
@@ -76,13 +65,13 @@ def prune_encoder_layer(layer: nn.Module, keep_heads, keep_channels) -> None:
         raise ValueError(f"keep_channels: need distinct channel indices in [0, {n_channels}), got {len(keep_channels)}")
     rows = [h * D + d for h in keep_heads for d in range(D)]
     for name in ("query", "key", "value"):
-        setattr(self_attn, name, _sliced(getattr(self_attn, name), rows=rows))
-    out.dense = _sliced(out.dense, cols=rows)
+        setattr(self_attn, name, sliced_linear(getattr(self_attn, name), rows=rows, requires_grad=True))
+    out.dense = sliced_linear(out.dense, cols=rows, requires_grad=True)
     if hasattr(self_attn, "num_attention_heads"):
         self_attn.num_attention_heads = len(keep_heads)
         self_attn.all_head_size = len(rows)
-    layer.intermediate.dense = _sliced(layer.intermediate.dense, rows=keep_channels)
-    layer.output.dense = _sliced(layer.output.dense, cols=keep_channels)
+    layer.intermediate.dense = sliced_linear(layer.intermediate.dense, rows=keep_channels, requires_grad=True)
+    layer.output.dense = sliced_linear(layer.output.dense, cols=keep_channels, requires_grad=True)
 
 
 def encoder_unit_scores(clf: nn.Module, texts: list[str], labels, importance_fn, batch_size: int = 64,

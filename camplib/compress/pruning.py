@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from camplib.attention import MultiHeadAttention
+from camplib.compress.slicing import sliced_linear
 from camplib.memory import storage_bytes
 from camplib.model import MLP, SwiGLU
 
@@ -61,20 +62,6 @@ def _checked_keep(keep, n: int, what: str) -> list[int]:
     return keep
 
 
-def _sliced_linear(lin: nn.Linear, rows=None, cols=None) -> nn.Linear:
-    """A new Linear holding lin's weight[rows][:, cols] (fresh storage: the old one is freed)."""
-    w = lin.weight.detach()
-    w = w[rows] if rows is not None else w
-    w = w[:, cols] if cols is not None else w
-    out = nn.Linear(w.shape[1], w.shape[0], bias=lin.bias is not None, device=w.device, dtype=w.dtype)
-    with torch.no_grad():
-        out.weight.copy_(w)
-        if lin.bias is not None:
-            out.bias.copy_(lin.bias.detach()[rows] if rows is not None else lin.bias.detach())
-    out.weight.requires_grad_(lin.weight.requires_grad)
-    return out
-
-
 def prune_heads(attn: MultiHeadAttention, keep) -> None:
     """Keep only the query heads in `keep` (in place): q rows of qkv and columns of proj are cut.
 
@@ -94,8 +81,8 @@ def prune_heads(attn: MultiHeadAttention, keep) -> None:
     q_rows = [h * D + d for h in keep for d in range(D)]
     kv_rows = [g * D + d for g in kept_groups for d in range(D)]
     rows = q_rows + [H * D + r for r in kv_rows] + [(H + Hkv) * D + r for r in kv_rows]
-    attn.qkv = _sliced_linear(attn.qkv, rows=rows)
-    attn.proj = _sliced_linear(attn.proj, cols=q_rows)
+    attn.qkv = sliced_linear(attn.qkv, rows=rows)
+    attn.proj = sliced_linear(attn.proj, cols=q_rows)
     attn.n_heads, attn.n_kv_heads = len(keep), len(kept_groups)
 
 
@@ -110,8 +97,8 @@ def prune_mlp(mlp: nn.Module, keep) -> None:
         raise TypeError(f"prune_mlp expects camplib.model.MLP or SwiGLU, got {type(mlp).__name__}")
     keep = _checked_keep(keep, getattr(mlp, down).in_features, "MLP channel")
     for name in ups:
-        setattr(mlp, name, _sliced_linear(getattr(mlp, name), rows=keep))
-    setattr(mlp, down, _sliced_linear(getattr(mlp, down), cols=keep))
+        setattr(mlp, name, sliced_linear(getattr(mlp, name), rows=keep))
+    setattr(mlp, down, sliced_linear(getattr(mlp, down), cols=keep))
 
 
 @contextmanager
