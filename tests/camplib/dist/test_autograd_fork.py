@@ -1,8 +1,12 @@
 """camplib.dist and autograd's threads: on a machine with a GPU, a process that ran backward can no
 longer fork ranks that run backward (labs a02 and a03 failed so on an H200). Reproduced on this
-CPU with tests/fake_accelerator.py, always inside a forked child so that this test process stays
-unmarked; `in_child` keeps the launching process free of autograd."""
-import multiprocessing as mp
+CPU with tests/fake_accelerator.py, always in a fresh interpreter (this test process stays
+unmarked, and its own engine has long decided); `in_child` keeps the launching process free of autograd."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,27 +56,31 @@ def _backward_here_then_ranks(accelerator, reference_in_child):
     return [torch.equal(g, expected[0::2] + expected[1::2]) for g in grads]
 
 
-def _in_a_child(fn, *args):
-    """fn(*args) in a forked child that may fork (in_child's child is daemonic: it may not)."""
-    ctx = mp.get_context("fork")
-    queue = ctx.SimpleQueue()
-    child = ctx.Process(target=lambda: queue.put(fn(*args)))
-    child.start()
-    try:
-        return queue.get()
-    finally:
-        child.join(30)
+def _in_a_fresh_interpreter(accelerator, reference_in_child):
+    """_backward_here_then_ranks in a new Python process. Not a fork of this worker: torch's engine
+    decides once per process, at its first backward, whether to mark later forks, and a pytest
+    worker has run backward long before (its decision, made with no accelerator, is inherited by
+    every fork of it)."""
+    code = ("import json, sys\n"
+            "from tests.camplib.dist.test_autograd_fork import _backward_here_then_ranks\n"
+            f"out = _backward_here_then_ranks({accelerator}, {reference_in_child})\n"
+            "sys.stdout.write('\\nRESULT ' + json.dumps(out))\n")
+    root = Path(__file__).resolve().parents[3]
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])})
+    assert run.returncode == 0 and "\nRESULT " in run.stdout, f"the child failed (exit {run.returncode}): {run.stderr[-2000:]}"
+    return json.loads(run.stdout.rsplit("\nRESULT ", 1)[1])
 
 
 def test_backward_before_forking_ranks_fails_as_on_a_gpu_and_says_why():
     """The control (a CPU-only torch) passes; counting one accelerator, ranks forked after a
     backward here fail with torch's error and launch's explanation."""
-    assert _in_a_child(_backward_here_then_ranks, False, False) == [True, True]
-    error = _in_a_child(_backward_here_then_ranks, True, False)
+    assert _in_a_fresh_interpreter(False, False) == [True, True]
+    error = _in_a_fresh_interpreter(True, False)
     assert isinstance(error, str), error
     assert "Unable to handle autograd's threading in combination with fork-based multiprocessing" in error
     assert "camplib.dist.in_child(fn, *args)" in error and "restart the kernel" in error
 
 
 def test_a_reference_computed_in_a_child_leaves_the_process_able_to_fork_ranks():
-    assert _in_a_child(_backward_here_then_ranks, True, True) == [True, True]
+    assert _in_a_fresh_interpreter(True, True) == [True, True]
