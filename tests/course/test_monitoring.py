@@ -31,6 +31,10 @@ MONITORING = Path(__file__).resolve().parents[2] / "course" / "monitoring"
 pytestmark = pytest.mark.slow
 
 
+class _Starting(Exception):
+    """Prometheus is up but not ready to answer queries yet."""
+
+
 def _prometheus() -> str:
     path = os.environ.get("CAMP_PROMETHEUS") or shutil.which("prometheus") or "/usr/bin/prometheus"
     if not os.access(path, os.X_OK):
@@ -75,6 +79,8 @@ def test_every_dashboard_panel_returns_data_from_a_live_scrape(tmp_path, served_
 
         def query(expr: str) -> list:
             r = httpx.get(api, params={"query": expr}, timeout=10)
+            if r.status_code == 503:   # Prometheus answers 503 until its storage is ready
+                raise _Starting(r.text[:300])
             assert r.status_code == 200, f"{expr}: HTTP {r.status_code} {r.text[:300]}"
             return r.json()["data"]["result"]
 
@@ -86,7 +92,7 @@ def test_every_dashboard_panel_returns_data_from_a_live_scrape(tmp_path, served_
                     result = query(expr)
                     if result and ok(float(result[0]["value"][1])):
                         return
-                except httpx.HTTPError:
+                except (httpx.HTTPError, _Starting):
                     pass
                 time.sleep(0.3)
             pytest.fail(f"{what} not seen by Prometheus after {timeout} s: {expr}")

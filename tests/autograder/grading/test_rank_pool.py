@@ -31,6 +31,7 @@ def plant(port):
         peer, _ = server.accept()
         while peer.recv(1 << 16):
             pass
+        peer.sendall(b"!")   # everything arrived: the sender may return
     threading.Thread(target=take, daemon=True).start()
     return os.getpid()
 
@@ -40,7 +41,9 @@ def look_and_send(port, nbytes):
     seen = {folder: os.path.exists(f"{folder}/secret") for folder in ("/tmp", "/dev/shm")}
     pythons = sum(1 for p in os.listdir("/proc") if p.isdigit())
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(b"x" * nbytes)
+        s.sendall(b"x" * nbytes)   # returns once buffered, not sent: the receiver's window paces the wire
+        s.shutdown(socket.SHUT_WR)
+        assert s.recv(1) == b"!"   # the receiver read it all: every byte has crossed the loopback
     return {"seen": seen, "processes": pythons}
 
 
