@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import httpx
 
@@ -40,17 +41,21 @@ def start_server(max_batch: int) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-def wait_up(base: str, proc: subprocess.Popen, timeout: float = 90) -> None:
+def wait_up(base: str, proc: subprocess.Popen, timeout: float = 90, log: Path | None = None) -> None:
+    """Until `base`/health answers 200; the server's exit or the timeout ends the run (with the
+    tail of its `log` where there is one)."""
+    tail = lambda: f"; its log ({log}):\n{log.read_text()[-3000:]}" if log is not None and log.exists() else ""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"server {base} exited with {proc.returncode}")
+            raise SystemExit(f"server {base} exited with {proc.returncode}{tail()}")
         try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
-            time.sleep(0.2)
-    raise SystemExit(f"server {base} not up after {timeout} s")
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"server {base} not up after {timeout} s{tail()}")
 
 
 async def one_request(client: httpx.AsyncClient, base: str, prompt: str, max_tokens: int,

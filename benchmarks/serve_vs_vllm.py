@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import level  # noqa: E402  (the same streaming clients and percentiles)
+from serve_load import level, wait_up  # noqa: E402  (the same streaming clients, percentiles and readiness wait)
 
 MODEL = "smollm2"
 NOT_RUN = 2
@@ -83,20 +83,6 @@ def start(cmd: list[str], core: int, env: dict, log: Path) -> subprocess.Popen:
     out = open(log, "w")
     return subprocess.Popen(["taskset", "-c", str(core), *cmd], env={**os.environ, "OMP_NUM_THREADS": "1", **env},
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)   # a group to stop
-
-
-def wait_up(base: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server {base} exited with {proc.returncode}; its log ({log}):\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"server {base} not up after {timeout} s; its log: {log}")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -178,7 +164,7 @@ def main() -> int:
           f"{'CPU/token':>9}  (TTFT and CPU in ms; ratios camplib / vLLM)")
     try:
         for name, proc in procs.items():
-            wait_up(bases[name], proc, logs / f"{name}.log", 600)
+            wait_up(bases[name], proc, 600, log=logs / f"{name}.log")
             asyncio.run(level(bases[name], 4, PROMPTS[:4], 4, MODEL))   # warm-up
         for clients in levels:
             prompts = PROMPTS[:args.prompts_1 if clients == 1 else args.prompts]
