@@ -104,15 +104,31 @@ def infill_program(task: InfillTask, middle: str) -> str:
     return task.prefix + infill_line(middle) + "\n" + task.suffix + _tests(task.test, task.entry_point)
 
 
+_EXITS: dict[tuple[str, float], bool] = {}   # (program, timeout) -> passed, for programs that exited
+_REMEMBERED = 5_000
+
+
 def run_programs(programs: Sequence[str], run: Callable | None = None, workers: int = 2,
                  timeout_s: float = 10.0) -> list[bool]:
     """Whether each program passes, each run once in a fresh sandboxed process
-    (autograder.isolation.programs.run_program; identical programs run once), `workers` at a time."""
+    (autograder.isolation.programs.run_program; identical programs run once), `workers` at a time.
+    With that runner a program's exit status is remembered per process: the same text is never run
+    twice (a grader's own lines and an honest student's are the same programs, in every
+    submission it grades); a timeout or a kill (a busy or short machine) is not remembered."""
     if run is None:
         from autograder.isolation.programs import run_program
 
         def run(source):
-            return run_program(source, timeout_s=timeout_s).passed
+            key = (source, float(timeout_s))
+            passed = _EXITS.get(key)
+            if passed is None:
+                result = run_program(source, timeout_s=timeout_s)
+                if result.status not in ("passed", "failed"):
+                    return False
+                if len(_EXITS) >= _REMEMBERED:
+                    _EXITS.clear()
+                _EXITS[key] = passed = result.passed
+            return passed
     unique = list(dict.fromkeys(programs))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         outcome = dict(zip(unique, pool.map(run, unique)))

@@ -41,3 +41,25 @@ def test_canonical_answers_pass_wrong_ones_fail():
     assert outcome[n:2 * n] == [False] * n, "a body returning None must fail"
     assert outcome[2 * n:2 * n + len(tasks)] == [True] * len(tasks), "the masked line put back must pass"
     assert not any(outcome[2 * n + len(tasks):]), "a wrong line must fail"
+
+
+def test_a_program_that_exited_runs_once_per_process_and_a_timeout_runs_again(monkeypatch):
+    from autograder.isolation import programs
+    from camplib.codegen import humaneval
+
+    ran = []
+
+    def fake_run(source, timeout_s=10.0, memory_mb=512):
+        ran.append((source, timeout_s))
+        status = {"pass": "passed", "fail": "failed"}.get(source.split()[0], "timeout")
+        return programs.ProgramResult(status == "passed", status, 0.0, "")
+
+    monkeypatch.setattr(programs, "run_program", fake_run)
+    monkeypatch.setattr(humaneval, "_EXITS", {})
+    assert run_programs(["pass 1", "fail 1", "slow 1", "pass 1"]) == [True, False, False, True]
+    assert sorted(ran) == [("fail 1", 10.0), ("pass 1", 10.0), ("slow 1", 10.0)]
+    assert run_programs(["slow 1", "fail 1", "pass 1"]) == [False, False, True]
+    assert run_programs(["pass 1"], timeout_s=3.0) == [True]
+    assert sorted(ran) == [("fail 1", 10.0), ("pass 1", 3.0), ("pass 1", 10.0), ("slow 1", 10.0), ("slow 1", 10.0)]
+    assert run_programs(["fail 1", "pass 1"], run=lambda s: ran.append(s) or True) == [True, True]
+    assert sorted(ran[-2:]) == ["fail 1", "pass 1"], "a runner the caller gives always runs"
