@@ -1,6 +1,7 @@
 """Fixtures every test gets.
 
-- one intra-op thread per test process, and (OMP_NUM_THREADS) per process they start: the suite
+- one intra-op thread per test process, and (OMP_NUM_THREADS) per process they start (`camp
+  grade`'s workers and sandboxes too: autograder.grading.grade caps their threads by it): the suite
   runs on 2 cores (pytest-xdist workers, notebook kernels, rank processes, sandboxes); tiny
   matmuls only lose by waiting for a busy core, and OpenMP threads spinning for a core the other
   worker holds made lab notebooks 2-5x slower (a01's ci run: 16 s with one thread, up to 69 s

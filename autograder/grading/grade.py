@@ -327,8 +327,20 @@ def _share(options: GradeOptions) -> dict:
         total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
     except (ValueError, OSError):
         total_mb = options.limits.memory_mb * options.jobs
-    return {"cpus": cores / options.jobs, "threads": max(1, cores // options.jobs),
+    return {"cpus": cores / options.jobs, "threads": _threads(max(1, cores // options.jobs)),
             "memory_mb": int(min(options.limits.memory_mb, total_mb * 0.9 // options.jobs))}
+
+
+def _threads(share: int) -> int:
+    """Torch/OpenMP threads of each sandbox and grading worker: its share of the cores, at most the
+    caller's OMP_NUM_THREADS when that is set. The test suite sets 1: its two workers already keep
+    both cores busy, and OpenMP threads spinning for a core another process holds make torch
+    several times slower (tests/conftest.py)."""
+    try:
+        cap = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        return share
+    return min(share, cap) if cap > 0 else share
 
 
 def _install_source(lab: Lab, root: Path, out: Path) -> LabSpec:

@@ -482,3 +482,16 @@ def test_a_camplib_entry_missing_from_the_sandbox_maps_to_no_operator():
     assert ops_for(("camplib.not_in_this_sandbox.zero",)) == {}
     assert ops_for(("camplib.attention.softmax", "torch.softmax")) == ops_for(("torch.softmax",))
     assert "zero_" not in ops_for(("camplib.not_in_this_sandbox.zero", "torch.softmax"))
+
+
+def test_each_sandbox_gets_its_share_of_the_cores_in_threads_at_most_omp_num_threads(monkeypatch):
+    from autograder.grading.grade import GradeOptions, _share
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert [_share(GradeOptions(jobs=j))["threads"] for j in (1, 2, 3, 16)] == [8, 4, 2, 1]
+    for value, expected in [("1", [1, 1]), ("3", [3, 3]), ("64", [8, 4]), ("", [8, 4]), ("two", [8, 4])]:
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+        shares = [_share(GradeOptions(jobs=j)) for j in (1, 2)]
+        assert [s["threads"] for s in shares] == expected, value
+        assert [s["cpus"] for s in shares] == [8.0, 4.0], "the CPU quota stays the share of the cores"
