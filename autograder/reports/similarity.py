@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import bisect
 import csv
+import hashlib
 import io
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -335,8 +337,7 @@ def compare_lab(lab: Lab, spec: LabSpec, root: Path, students: list[tuple[str, P
                 deadline: float) -> LabReport:
     """Every submission of one lab against the answer key and against each classmate."""
     report = LabReport(lab)
-    template = Template.of(template_document(spec, lab.release_path(root)))
-    refs = [(d, _fingerprint(d, template)) for d in reference_documents(lab, root)]
+    template, refs = _course_side(lab, spec, root)
     report.references = [d.owner for d, _ in refs]
     subs = []
     for student, folder in students:
@@ -367,6 +368,23 @@ def compare_lab(lab: Lab, spec: LabSpec, root: Path, students: list[tuple[str, P
     if len(found) > MAX_SHOWN:
         report.notes.append(f"{len(found)} pairs flagged: the lines of the first {MAX_SHOWN} are shown")
     return report
+
+
+_COURSE_SIDE: dict[str, tuple] = {}   # digest of the course's code for a lab -> (its Template, its references)
+
+
+def _course_side(lab: Lab, spec: LabSpec, root: Path) -> tuple["Template", list[tuple]]:
+    """The lab's template and its answer key with their fingerprints: functions of the course's
+    code only, so fingerprinted once per process for the same code (a lab graded again)."""
+    code = template_document(spec, lab.release_path(root))
+    docs = reference_documents(lab, root)
+    key = hashlib.sha256(json.dumps([NOISE, code, [(d.owner, d.text) for d in docs]]).encode()).hexdigest()
+    if key not in _COURSE_SIDE:
+        while len(_COURSE_SIDE) >= 32:
+            _COURSE_SIDE.pop(next(iter(_COURSE_SIDE)))
+        template = Template.of(code)
+        _COURSE_SIDE[key] = (template, [(d, _fingerprint(d, template)) for d in docs])
+    return _COURSE_SIDE[key]
 
 
 def _compare_pairs(report: LabReport, subs, refs, deadline: float) -> list[tuple]:

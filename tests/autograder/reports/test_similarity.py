@@ -297,6 +297,23 @@ def test_the_reference_solution_itself_is_flagged(lab, tmp_path):
     assert set(_pairs(report)) == {("ada", SOLUTION)}
 
 
+
+def test_the_course_side_is_fingerprinted_once_per_process_for_the_same_code(lab, tmp_path, monkeypatch):
+    monkeypatch.setattr(similarity, "_COURSE_SIDE", {})
+    made = []
+    real = similarity.Template.of
+    monkeypatch.setattr(similarity.Template, "of", staticmethod(lambda code: made.append(1) or real(code)))
+    first = _compare(lab, tmp_path / "one", {"ada": solution_cells(LAB)})
+    again = _compare(lab, tmp_path / "two", {"ada": solution_cells(LAB)})
+    assert len(made) == 1 and _pairs(first).keys() == _pairs(again).keys() == {("ada", SOLUTION)}
+    docs = similarity.reference_documents
+    monkeypatch.setattr(similarity, "reference_documents",
+                        lambda *a: [similarity.Document(d.owner, d.parts + [("more", "x = 1\n")], reference=True)
+                                    for d in docs(*a)])
+    _compare(lab, tmp_path / "three", {"ada": solution_cells(LAB)})
+    assert len(made) == 2, "other course code is fingerprinted anew"
+
+
 EVIL = "<script>alert(1)<\\/script>\u202e\ud800"
 
 
