@@ -5,14 +5,19 @@ logs in on the hub's login page with their Unix password (PAM), gets their own J
 the lab in the Assignment List into their home, saves their work (JupyterLab's file API) and
 submits it with the Submit button. The instructor collects, `camp grade` grades in its sandbox
 (as root: `sudo camp grade`), nbgrader releases camp's feedback; each student presses Fetch
-Feedback and reads their own page (their score, no hidden test source), and the instructor's
-Formgrader counts both submissions graded. Bob, who turned in a read-only file, submits again, and
+Feedback, nbgrader offers "view feedback" (the fetched page is the released one byte for byte) and
+the student reads their own page as their JupyterLab serves it (their score, no hidden test
+source, every formula typeset by the server's own MathJax), the instructor reads camp grade's page
+from disk (typeset by the copy beside it), and the instructor's Formgrader counts both submissions
+graded. No page of anyone's loads anything from another host. Bob, who turned in a read-only file, submits again, and
 the instructor's next collect replaces the copy `camp grade` (root) wrote: nbgrader's pitfalls on a
 shared exchange, with everyone under `umask 077`. A student then tries to read what is not theirs from
 a terminal (a classmate's home and feedback, the exchange's inbound and feedback folders, the
 source notebooks with the hidden tests, the gradebook, the repository's history) and through the
 file API of a classmate's and the instructor's servers: all refused, while their own copy, the
 released labs and the course's packages stay readable (so the refusals are not a broken probe).
+Waits overlap where people would: the student's probes run while `camp grade` works, Formgrader is
+read while feedback is released, the feedback pages are read while the second collect runs.
 
 The users, groups, the hub and its folders are throwaway (tests/browser/hub_class.py), removed
 even on failure. Needs root (useradd, PAM, a process per user) and Chromium: otherwise a loud
@@ -36,7 +41,9 @@ from autograder.catalog import Catalog, repo_root
 from autograder.course import hub
 from autograder.course.reference import student_notebook
 
-from .conftest import _not_run, type_in_a_new_terminal
+from autograder.reports.mathjax import FETCHED_DIR
+
+from .conftest import _not_run, type_in_a_new_terminal, typeset_formulas
 from .hub_class import HubClass
 
 ROOT = repo_root()
@@ -85,7 +92,7 @@ def hub_class(chromium_path, tmp_path):
 def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path, tmp_path):
     from playwright.sync_api import sync_playwright
 
-    hc, started, times, rss = hub_class, time.monotonic(), {}, {}
+    hc, started, times, rss, requests = hub_class, time.monotonic(), {}, {}, []
     ada, bob = hc.students
     teacher = hc.instructor
     lap = lambda name: times.__setitem__(name, round(time.monotonic() - started, 1))   # noqa: E731
@@ -93,7 +100,7 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
         try:
-            pages = {user: _log_in(browser, hc, user) for user in (ada, bob, teacher)}   # servers start together
+            pages = {user: _log_in(browser, hc, user, requests) for user in (ada, bob, teacher)}   # servers start together
             _finished(release, "release")
             lap("released")
             for user, page in pages.items():
@@ -115,37 +122,36 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
             lap("submitted")
 
             _finished(hc.as_user(teacher, "nbgrader", "collect", LAB_NAME), "collect")
-            grade = subprocess.run([str(Path(sys.executable).parent / "camp"), "grade", str(hc.workspace / "collected"),
-                                    "--lab", LAB, "--out", str(hc.workspace), "--jobs", "2"], cwd=ROOT, env=hc.env,
-                                   capture_output=True, text=True, timeout=300,   # as root: `sudo camp grade`
-                                   preexec_fn=lambda: os.umask(0o077))            # sudo keeps an instructor's 077
-            assert grade.returncode == 0, grade.stdout + grade.stderr
-            assert re.search(rf"{ada}\s+{LAB}\s+12\s+12\s+graded", grade.stdout), grade.stdout
-            bob_score = re.search(rf"{bob}\s+{LAB}\s+(\d+(?:\.\d+)?)\s+12\s+graded", grade.stdout)
-            assert bob_score and float(bob_score.group(1)) < 12, grade.stdout
+            grade = subprocess.Popen([str(Path(sys.executable).parent / "camp"), "grade", str(hc.workspace / "collected"),
+                                      "--lab", LAB, "--out", str(hc.workspace), "--jobs", "2"], cwd=ROOT, env=hc.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,   # as root: `sudo camp grade`
+                                     preexec_fn=lambda: os.umask(0o077))            # sudo keeps an instructor's 077
+            try:   # meanwhile, as ada: other users' servers through the file API, then a terminal's reads
+                for user in (bob, teacher):
+                    status = pages[ada].evaluate("async (u) => (await fetch(u)).status", f"{hc.base}/user/{user}/api/contents")
+                    assert status in (403, 404), f"{ada} read {user}'s files through the file API (HTTP {status})"
+                probe = _probe_from_a_terminal(pages[ada], hc, ada, bob)
+                lap("probes (while camp grade runs)")
+                graded, _ = grade.communicate(timeout=300)
+            finally:
+                if grade.poll() is None:
+                    grade.kill()
+                    grade.communicate()
+            assert grade.returncode == 0, graded
+            assert re.search(rf"{ada}\s+{LAB}\s+12\s+12\s+graded", graded), graded
+            bob_score = re.search(rf"{bob}\s+{LAB}\s+(\d+(?:\.\d+)?)\s+12\s+graded", graded)
+            assert bob_score and float(bob_score.group(1)) < 12, graded
             lap("collected and graded")
             feedback = hc.start_as_user(teacher, "nbgrader", "release_feedback", LAB_NAME)
-            for user in (bob, teacher):   # meanwhile: another user's server, through the file API
-                status = pages[ada].evaluate("async (u) => (await fetch(u)).status", f"{hc.base}/user/{user}/api/contents")
-                assert status in (403, 404), f"{ada} read {user}'s files through the file API (HTTP {status})"
+            assert _formgrader_counts(pages[teacher], hc, teacher) == ("released", "2")   # meanwhile
             _finished(feedback, "release_feedback")
-            released = sorted((hc.exchange / COURSE / "feedback").glob("*.html"))
-            assert len(released) == 2, f"released feedback pages: {released}"
+            released = {p.read_bytes() for p in (hc.exchange / COURSE / "feedback").glob("*.html")}
+            assert len(released) == 2, f"released feedback pages: {len(released)}"
+            probe.append(_probe_as(hc, ada, hc.exchange / COURSE / "feedback"))   # release_feedback made it
             lap("feedback released")
-            probe = _probe_from_a_terminal(pages[ada], hc, ada, bob)
-            lap("probes")
 
-            hidden = _hidden_test_lines()
-            for student, score in ((ada, "12"), (bob, bob_score.group(1))):
-                text = _fetch_feedback(pages[student], hc, student)
-                assert re.search(rf"\b{re.escape(_plain(score))}\s*/\s*12\b", text), f"{student}'s feedback:\n{text[:1500]}"
-                leaked = [ln for ln in hidden if ln in text]
-                assert not leaked, f"hidden tests in {student}'s feedback: {leaked[:3]}"
-                assert ("not written yet" in text) == (student == bob), f"{student}'s feedback:\n{text[:1500]}"
-            lap("feedback read")
-
-            assert _formgrader_counts(pages[teacher], hc, teacher) == ("released", "2")
-            lap("formgrader")
+            fetched = {student: _fetch_feedback(pages[student], hc, student, released) for student in (bob, ada)}
+            lap("feedback fetched")
             # bob turns in again; the instructor's next collect replaces what `sudo camp grade` wrote
             before = (hc.workspace / "collected" / bob / LAB_NAME / "timestamp.txt").read_text()
             _assignment_list(pages[bob])
@@ -156,7 +162,25 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
             while len(list(inbound.glob(f"{bob}+{LAB_NAME}+*"))) < 2 and time.monotonic() < deadline:
                 time.sleep(0.3)
             assert len(list(inbound.glob(f"{bob}+{LAB_NAME}+*"))) == 2, "bob's second Submit did not reach the exchange"
-            _finished(hc.as_user(teacher, "nbgrader", "collect", "--update", LAB_NAME), "a second collect")
+            second = hc.start_as_user(teacher, "nbgrader", "collect", "--update", LAB_NAME)
+
+            # meanwhile, each student reads their fetched page as their JupyterLab serves it, and the
+            # instructor reads camp grade's page from disk: formulas typeset by a local MathJax
+            hidden = _hidden_test_lines()
+            for student, score in ((ada, "12"), (bob, bob_score.group(1))):
+                text = _read_feedback(pages[student].context.new_page(), f"{hc.base}/user/{student}/files/"
+                                      + fetched[student].relative_to(hc.home(student)).as_posix())
+                assert re.search(rf"\b{re.escape(_plain(score))}\s*/\s*12\b", text), f"{student}'s feedback:\n{text[:1500]}"
+                leaked = [ln for ln in hidden if ln in text]
+                assert not leaked, f"hidden tests in {student}'s feedback: {leaked[:3]}"
+                assert ("not written yet" in text) == (student == bob), f"{student}'s feedback:\n{text[:1500]}"
+            graders = browser.new_context()
+            graders.on("request", lambda r: requests.append(r.url))
+            text = _read_feedback(graders.new_page(), (hc.workspace / "feedback" / ada / LAB_NAME / f"{LAB_NAME}.html").as_uri())
+            assert re.search(r"\b12\s*/\s*12\b", text), text[:1500]
+            lap("feedback read")
+
+            _finished(second, "a second collect")
             after = (hc.workspace / "collected" / bob / LAB_NAME / "timestamp.txt").read_text()
             assert after > before, f"the second collect kept bob's first submission ({before} -> {after})"
             lap("second collect")
@@ -165,6 +189,8 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
             print("hub round trip, seconds since start: " + ", ".join(f"{k} {v}" for k, v in times.items()))
             if rss:
                 print("memory of each idle JupyterLab (MiB, all the user's processes): " + str(rss))
+    elsewhere = sorted({u for u in requests if not u.startswith((hc.base, "file://", "data:", "blob:", "about:"))})
+    assert not elsewhere, f"pages loaded from other hosts (a CDN?): {elsewhere[:10]}"
     refused = {"DENIED"}
     wrong = [line for line in probe if line.split(" ", 1)[0] not in refused and not line.startswith("READ (own)")]
     assert not wrong, "a student read what is not theirs, or a probe named nothing:\n" + "\n".join(probe)
@@ -187,8 +213,9 @@ def _plain(score: str) -> str:
     return score[:-2] if score.endswith(".0") else score
 
 
-def _log_in(browser, hc, user):
+def _log_in(browser, hc, user, requests: list[str]):
     context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.on("request", lambda r: requests.append(r.url))   # every page of this user's, every tab
     page = context.new_page()
     page.set_default_timeout(60_000)
     page.goto(f"{hc.base}/hub/login")
@@ -238,22 +265,29 @@ def _save(page, hc, user, nb) -> None:
     assert status in (200, 201), f"saving {user}'s notebook: HTTP {status}"
 
 
-def _fetch_feedback(page, hc, user) -> str:
+def _fetch_feedback(page, hc, user, released: set[bytes]) -> Path:
+    """Fetch Feedback in the Assignment List; "view feedback" shows only when the fetched page is
+    the released one byte for byte (nbgrader compares checksums), and the course's fetch step put
+    MathJax beside it. The fetched page's path."""
     _assignment_list(page)
     row = page.locator("#submitted_assignments_list .list_item", has_text=LAB_NAME).first
     row.locator("button", has_text=re.compile(r"^Fetch Feedback$")).click()
     page.locator("#submitted_assignments_list a", has_text="view feedback").first.wait_for(timeout=60_000)
-    return _read_files(page, hc, user)
-
-
-def _read_files(page, hc, user) -> str:
-    """The text of the student's fetched feedback page, opened from their server as they would."""
-    pages = sorted((hc.home(user) / COURSE / LAB_NAME / "feedback").glob(f"*/{LAB_NAME}.html"))
+    feedback = hc.home(user) / COURSE / LAB_NAME / "feedback"
+    pages = sorted(feedback.glob(f"*/{LAB_NAME}.html"))
     assert len(pages) == 1, f"{user}'s fetched feedback: {pages}"
-    rel = pages[0].relative_to(hc.home(user)).as_posix()
-    viewer = page.context.new_page()
+    assert pages[0].read_bytes() in released, f"{user}'s fetched page differs from the released one"
+    assert (feedback / FETCHED_DIR / "MathJax.js").is_file(), f"no MathJax beside {user}'s fetched feedback"
+    return pages[0]
+
+
+def _read_feedback(viewer, url: str) -> str:
+    """The text of a feedback page at `url` (a student's JupyterLab serving it as "Open in New
+    Browser Tab" does, or a file), once MathJax typeset every formula; the page is closed."""
     try:
-        viewer.goto(f"{hc.base}/user/{user}/files/{rel}")
+        viewer.goto(url)
+        seen = typeset_formulas(viewer)
+        assert seen["formulas"] > 5 and seen["typeset"] == seen["formulas"] and not seen["raw"], (url, seen)
         return viewer.locator("body").inner_text()
     finally:
         viewer.close()
@@ -266,19 +300,30 @@ def _formgrader_counts(page, hc, user) -> tuple[str, str]:
     return row.locator(".status").inner_text().strip(), row.locator(".num-submissions").inner_text().strip()
 
 
+def _probe_as(hc, user, folder: Path) -> str:
+    """One probe line, as `probe.sh` writes it, for listing `folder` as `user` (outside a terminal:
+    the same user, groups and view of the files)."""
+    ls = hc.as_user(user, "ls", str(folder))
+    if ls.returncode == 0:
+        return f"READ {folder}"
+    return f"{'MISSING' if 'No such' in ls.stderr else 'DENIED'} {folder}"
+
+
 def _probe_from_a_terminal(page, hc, user, classmate) -> list[str]:
     """What `user` can read from a JupyterLab terminal: one line per path, READ, DENIED
     (permission denied) or MISSING (no such file: a probe that proves nothing, which fails)."""
     mate = hc.home(classmate) / COURSE / LAB_NAME
-    inbound, feedback = hc.exchange / COURSE / "inbound", hc.exchange / COURSE / "feedback"
+    inbound = hc.exchange / COURSE / "inbound"
     source = Catalog.load().get(LAB).source_path(ROOT)
     files = [mate / f"{LAB_NAME}.ipynb", source, hc.workspace / "gradebook.db",
              hc.workspace / "source" / LAB_NAME / f"{LAB_NAME}.ipynb",
              hc.workspace / "collected" / classmate / LAB_NAME / f"{LAB_NAME}.ipynb", ROOT / "tests" / "conftest.py"]
-    folders = [hc.home(classmate), inbound, feedback, source.parent, hc.workspace, hc.workspace / "collected"]
+    folders = [hc.home(classmate), inbound, source.parent, hc.workspace, hc.workspace / "collected"]   # feedback: _probe_as
     if (ROOT / ".git").is_dir():
         folders.append(ROOT / ".git")
-    missing = [p for p in files + folders if not p.exists()]
+    deadline = time.monotonic() + 120   # camp grade, running meanwhile, writes the gradebook's source/ first
+    while (missing := [p for p in files + folders if not p.exists()]) and time.monotonic() < deadline:
+        time.sleep(0.3)
     assert not missing, f"the probe would look for what is not there: {missing}"
     verdict = ("2>&1 >/dev/null); case $? in 0) echo READ {tag}'{p}';; *) case \"$e\" in *'No such'*) "
                "echo MISSING {tag}'{p}';; *) echo DENIED {tag}'{p}';; esac;; esac")
