@@ -9,15 +9,13 @@ Feedback, nbgrader offers "view feedback" (the fetched page is the released one 
 the student reads their own page as their JupyterLab serves it (their score, no hidden test
 source, every formula typeset by the server's own MathJax), the instructor reads camp grade's page
 from disk (typeset by the copy beside it), and the instructor's Formgrader counts both submissions
-graded. No page of anyone's loads anything from another host. Bob, who turned in a read-only file, submits again, and
-the instructor's next collect replaces the copy `camp grade` (root) wrote: nbgrader's pitfalls on a
-shared exchange, with everyone under `umask 077`. A student then tries to read what is not theirs from
+graded. No page of anyone's loads anything from another host. Bob, who turned in a read-only
+file, submits again, and the instructor's next collect replaces the copy `camp grade` (root)
+wrote: nbgrader's pitfalls on a shared exchange, with everyone under `umask 077`. A student then tries to read what is not theirs from
 a terminal (a classmate's home and feedback, the exchange's inbound and feedback folders, the
 source notebooks with the hidden tests, the gradebook, the repository's history) and through the
 file API of a classmate's and the instructor's servers: all refused, while their own copy, the
 released labs and the course's packages stay readable (so the refusals are not a broken probe).
-Waits overlap where people would: the student's probes run while `camp grade` works, Formgrader is
-read while feedback is released, the feedback pages are read while the second collect runs.
 
 The users, groups, the hub and its folders are throwaway (tests/browser/hub_class.py), removed
 even on failure. Needs root (useradd, PAM, a process per user) and Chromium: otherwise a loud
@@ -122,33 +120,25 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
             lap("submitted")
 
             _finished(hc.as_user(teacher, "nbgrader", "collect", LAB_NAME), "collect")
-            grade = subprocess.Popen([str(Path(sys.executable).parent / "camp"), "grade", str(hc.workspace / "collected"),
-                                      "--lab", LAB, "--out", str(hc.workspace), "--jobs", "2"], cwd=ROOT, env=hc.env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,   # as root: `sudo camp grade`
-                                     preexec_fn=lambda: os.umask(0o077))            # sudo keeps an instructor's 077
-            try:   # meanwhile, as ada: other users' servers through the file API, then a terminal's reads
-                for user in (bob, teacher):
-                    status = pages[ada].evaluate("async (u) => (await fetch(u)).status", f"{hc.base}/user/{user}/api/contents")
-                    assert status in (403, 404), f"{ada} read {user}'s files through the file API (HTTP {status})"
-                probe = _probe_from_a_terminal(pages[ada], hc, ada, bob)
-                lap("probes (while camp grade runs)")
-                graded, _ = grade.communicate(timeout=300)
-            finally:
-                if grade.poll() is None:
-                    grade.kill()
-                    grade.communicate()
-            assert grade.returncode == 0, graded
-            assert re.search(rf"{ada}\s+{LAB}\s+12\s+12\s+graded", graded), graded
-            bob_score = re.search(rf"{bob}\s+{LAB}\s+(\d+(?:\.\d+)?)\s+12\s+graded", graded)
-            assert bob_score and float(bob_score.group(1)) < 12, graded
+            grade = subprocess.run([str(Path(sys.executable).parent / "camp"), "grade", str(hc.workspace / "collected"),
+                                    "--lab", LAB, "--out", str(hc.workspace), "--jobs", "2"], cwd=ROOT, env=hc.env,
+                                   capture_output=True, text=True, timeout=300,   # as root: `sudo camp grade`
+                                   preexec_fn=lambda: os.umask(0o077))            # sudo keeps an instructor's 077
+            assert grade.returncode == 0, grade.stdout + grade.stderr
+            assert re.search(rf"{ada}\s+{LAB}\s+12\s+12\s+graded", grade.stdout), grade.stdout
+            bob_score = re.search(rf"{bob}\s+{LAB}\s+(\d+(?:\.\d+)?)\s+12\s+graded", grade.stdout)
+            assert bob_score and float(bob_score.group(1)) < 12, grade.stdout
             lap("collected and graded")
             feedback = hc.start_as_user(teacher, "nbgrader", "release_feedback", LAB_NAME)
-            assert _formgrader_counts(pages[teacher], hc, teacher) == ("released", "2")   # meanwhile
+            for user in (bob, teacher):   # meanwhile: another user's server, through the file API
+                status = pages[ada].evaluate("async (u) => (await fetch(u)).status", f"{hc.base}/user/{user}/api/contents")
+                assert status in (403, 404), f"{ada} read {user}'s files through the file API (HTTP {status})"
             _finished(feedback, "release_feedback")
             released = {p.read_bytes() for p in (hc.exchange / COURSE / "feedback").glob("*.html")}
             assert len(released) == 2, f"released feedback pages: {len(released)}"
-            probe.append(_probe_as(hc, ada, hc.exchange / COURSE / "feedback"))   # release_feedback made it
             lap("feedback released")
+            probe = _probe_from_a_terminal(pages[ada], hc, ada, bob)
+            lap("probes")
 
             fetched = {student: _fetch_feedback(pages[student], hc, student, released) for student in (bob, ada)}
             lap("feedback fetched")
@@ -179,6 +169,8 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
             text = _read_feedback(graders.new_page(), (hc.workspace / "feedback" / ada / LAB_NAME / f"{LAB_NAME}.html").as_uri())
             assert re.search(r"\b12\s*/\s*12\b", text), text[:1500]
             lap("feedback read")
+            assert _formgrader_counts(pages[teacher], hc, teacher) == ("released", "2")
+            lap("formgrader")
 
             _finished(second, "a second collect")
             after = (hc.workspace / "collected" / bob / LAB_NAME / "timestamp.txt").read_text()
@@ -300,30 +292,19 @@ def _formgrader_counts(page, hc, user) -> tuple[str, str]:
     return row.locator(".status").inner_text().strip(), row.locator(".num-submissions").inner_text().strip()
 
 
-def _probe_as(hc, user, folder: Path) -> str:
-    """One probe line, as `probe.sh` writes it, for listing `folder` as `user` (outside a terminal:
-    the same user, groups and view of the files)."""
-    ls = hc.as_user(user, "ls", str(folder))
-    if ls.returncode == 0:
-        return f"READ {folder}"
-    return f"{'MISSING' if 'No such' in ls.stderr else 'DENIED'} {folder}"
-
-
 def _probe_from_a_terminal(page, hc, user, classmate) -> list[str]:
     """What `user` can read from a JupyterLab terminal: one line per path, READ, DENIED
     (permission denied) or MISSING (no such file: a probe that proves nothing, which fails)."""
     mate = hc.home(classmate) / COURSE / LAB_NAME
-    inbound = hc.exchange / COURSE / "inbound"
+    inbound, feedback = hc.exchange / COURSE / "inbound", hc.exchange / COURSE / "feedback"
     source = Catalog.load().get(LAB).source_path(ROOT)
     files = [mate / f"{LAB_NAME}.ipynb", source, hc.workspace / "gradebook.db",
              hc.workspace / "source" / LAB_NAME / f"{LAB_NAME}.ipynb",
              hc.workspace / "collected" / classmate / LAB_NAME / f"{LAB_NAME}.ipynb", ROOT / "tests" / "conftest.py"]
-    folders = [hc.home(classmate), inbound, source.parent, hc.workspace, hc.workspace / "collected"]   # feedback: _probe_as
+    folders = [hc.home(classmate), inbound, feedback, source.parent, hc.workspace, hc.workspace / "collected"]
     if (ROOT / ".git").is_dir():
         folders.append(ROOT / ".git")
-    deadline = time.monotonic() + 120   # camp grade, running meanwhile, writes the gradebook's source/ first
-    while (missing := [p for p in files + folders if not p.exists()]) and time.monotonic() < deadline:
-        time.sleep(0.3)
+    missing = [p for p in files + folders if not p.exists()]
     assert not missing, f"the probe would look for what is not there: {missing}"
     verdict = ("2>&1 >/dev/null); case $? in 0) echo READ {tag}'{p}';; *) case \"$e\" in *'No such'*) "
                "echo MISSING {tag}'{p}';; *) echo DENIED {tag}'{p}';; esac;; esac")
@@ -337,8 +318,7 @@ def _probe_from_a_terminal(page, hc, user, classmate) -> list[str]:
     body = json.dumps({"type": "file", "format": "text", "content": "\n".join(script) + "\n"})
     assert _xsrf_fetch(page, f"{hc.base}/user/{user}/api/contents/probe.sh", "PUT", body) in (200, 201)
     out = hc.home(user) / "probe.txt"
-    page.goto(f"{hc.base}/user/{user}/lab")
-    type_in_a_new_terminal(page, "sh probe.sh > probe.tmp 2>&1; mv probe.tmp probe.txt; exit")
+    type_in_a_new_terminal(page, "sh probe.sh > probe.tmp 2>&1; mv probe.tmp probe.txt; exit")   # in the open JupyterLab
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and not out.exists():
         time.sleep(0.3)
