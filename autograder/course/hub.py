@@ -215,6 +215,7 @@ def nbgrader_hub_config():
     if os.environ.get("CAMP_HUB_ROLE") != "instructor":
         c.Exchange.assignment_dir = str(Path.home())
     c.ExchangeFactory.release_feedback = "autograder.course.exchange_feedback.ReleaseFeedback"
+    c.ExchangeFactory.fetch_feedback = "autograder.course.exchange_feedback.FetchFeedback"   # MathJax beside the page
     return c
 
 

@@ -73,6 +73,7 @@ def instructor_config(root: Path) -> Config:
     c.CourseDirectory.db_url = f"sqlite:///{workspace / 'gradebook.db'}"
     c.Exchange.root = str(exchange_root(root))
     c.ExchangeFactory.list = "autograder.course.exchange_list.ExchangeList"   # logs a listing once, not per page
+    c.ExchangeFactory.fetch_feedback = "autograder.course.exchange_feedback.FetchFeedback"   # MathJax beside the page
     # a fetched assignment lands where `camp start` puts a student's copy: work/<lab>/, git-ignored,
     # never overwritten by camp build or git pull (and fetch, like camp start, keeps an existing copy)
     c.Exchange.assignment_dir = str(Path(root) / WORK_DIR)

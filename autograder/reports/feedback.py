@@ -8,9 +8,12 @@ because they tell the student what to fix.
 Every byte from the submission is inert here: text is escaped, the student's markdown is
 rendered with raw HTML escaped, unsafe link schemes dropped and images shown as their alt text
 (an image would be a network load), and the page carries a Content-Security-Policy that forbids
-any remote resource and every script but the local MathJax copy beside the feedback
-(reports/mathjax.py: `script-src 'self'`, no inline script). Formulas (`$...$`, `$$...$$`) are
-typeset by that copy; without it they stay readable TeX. Nothing comes from a CDN.
+any remote resource and every script but a local MathJax copy and the one inline loader that
+finds it (reports/mathjax.py: `script-src 'self'` and the loader's hash). Formulas (`$...$`,
+`$$...$$`) are typeset by that copy, which the page finds itself where `camp grade` wrote it,
+where nbgrader's fetch_feedback put it and where a Jupyter server serves it (the page is never
+rewritten: nbgrader compares its bytes); without a copy they stay readable TeX. Nothing comes from
+a CDN.
 """
 from __future__ import annotations
 
@@ -24,7 +27,6 @@ from ..grading.results import SubmissionResult
 from ..text import html_text, inert
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
-CSP_MATHJAX = CSP + "; script-src 'self'; font-src 'self'"   # the local MathJax copy, nothing inline
 MATHJAX_DIR = ".mathjax"   # in the feedback folder: no student id starts with a dot
 _STYLE = """
 body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.45}
@@ -116,17 +118,20 @@ def _summary(result: SubmissionResult) -> list[str]:
     return parts
 
 
-def feedback_page(spec: LabSpec, result: SubmissionResult, student_nb, mathjax: str | None = None) -> str:
+def feedback_page(spec: LabSpec, result: SubmissionResult, student_nb, mathjax: list[str] | None = None) -> str:
     """The whole page; `student_nb` is the student's notebook (None if it could not be read);
-    `mathjax` the relative URL of the local MathJax folder (None: formulas stay TeX)."""
-    from .mathjax import script_tags
+    `mathjax` the relative folder URLs where a local MathJax copy may be, in order (None: formulas
+    stay TeX; reports/mathjax.py)."""
+    from .mathjax import NOSCRIPT, loader_script
 
     by_id = {t.grade_id: t for t in result.tests}
     visible = {t.grade_id: t.visible_source for t in spec.tests}
+    loader, allowed = loader_script(mathjax) if mathjax else ("", "")
+    csp = f"{CSP}; script-src 'self' {allowed}" if mathjax else CSP
     parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
-             f"<meta http-equiv='Content-Security-Policy' content=\"{CSP_MATHJAX if mathjax else CSP}\">",
+             f"<meta http-equiv='Content-Security-Policy' content=\"{csp}\">",
              f"<title>Feedback: {html_text(result.lab)} for {html_text(result.student)}</title>",
-             f"<style>{_STYLE}</style>" + (script_tags(mathjax) if mathjax else "") + "</head><body class='camp-page'>"]
+             f"<style>{_STYLE}</style>{loader}</head><body class='camp-page'>{NOSCRIPT if mathjax else ''}"]
     parts += _summary(result)
     parts.append("<h2>Your notebook, with the verdicts</h2>")
     shown: set[str] = set()
@@ -152,11 +157,13 @@ def feedback_page(spec: LabSpec, result: SubmissionResult, student_nb, mathjax: 
 def write_feedback_html(spec: LabSpec, result: SubmissionResult, student_notebook: Path, dest: Path,
                         caps: GradingCaps = GradingCaps(), feedback_root: Path | None = None) -> None:
     """Write the page to `dest`; with `feedback_root` (the folder of every student's feedback),
-    MathJax is installed once in its MATHJAX_DIR and the page typesets its formulas with it."""
+    MathJax is installed once in its MATHJAX_DIR and the page typesets its formulas with it, or,
+    once nbgrader's fetch_feedback copied the page to `<lab>/feedback/<timestamp>/`, with the copy
+    the course's fetch step installs beside it (`../FETCHED_DIR`)."""
     import os
 
     from ..grading.uploads import read_notebook
-    from .mathjax import install_mathjax
+    from .mathjax import FETCHED_DIR, install_mathjax
 
     try:
         student_nb = read_notebook(student_notebook, caps)
@@ -165,7 +172,7 @@ def write_feedback_html(spec: LabSpec, result: SubmissionResult, student_noteboo
     dest.parent.mkdir(parents=True, exist_ok=True)
     mathjax = None
     if feedback_root is not None and install_mathjax(Path(feedback_root) / MATHJAX_DIR) is not None:
-        mathjax = Path(os.path.relpath(Path(feedback_root) / MATHJAX_DIR, dest.parent)).as_posix()
+        mathjax = [Path(os.path.relpath(Path(feedback_root) / MATHJAX_DIR, dest.parent)).as_posix(), f"../{FETCHED_DIR}"]
     dest.write_text(feedback_page(spec, result, student_nb, mathjax), encoding="utf-8")
 
 

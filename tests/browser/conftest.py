@@ -57,3 +57,22 @@ def type_in_a_new_terminal(page, command: str) -> None:
     term.wait_for()
     term.click()
     page.keyboard.type(command + "\n", delay=5)
+
+
+def typeset_formulas(page, timeout_s: float = 30) -> dict:
+    """Wait until MathJax has typeset every formula of a camp page (each `span.camp-math` holds a
+    <math> element: reports/mathjax.py draws MathML), polling, since the page's policy refuses the
+    eval that wait_for_function needs; then what the reader sees: how many formulas, how many
+    typeset, and the visible text of those still showing TeX (`\\(`, `\\[` or `$`)."""
+    import time
+
+    count = ("(() => { const s = [...document.querySelectorAll('span.camp-math')];"
+             " return [s.length, s.filter(e => e.querySelector('math')).length]; })()")
+    deadline = time.monotonic() + timeout_s
+    spans, typeset = page.evaluate(count)
+    while not (spans and typeset == spans) and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+        spans, typeset = page.evaluate(count)
+    raw = page.evaluate("[...document.querySelectorAll('span.camp-math')].map(s => s.innerText)"
+                        ".filter(t => t.includes('\\\\(') || t.includes('\\\\[') || t.includes('$'))")
+    return {"formulas": spans, "typeset": typeset, "raw": raw}

@@ -5,10 +5,13 @@ logs in on the hub's login page with their Unix password (PAM), gets their own J
 the lab in the Assignment List into their home, saves their work (JupyterLab's file API) and
 submits it with the Submit button. The instructor collects, `camp grade` grades in its sandbox
 (as root: `sudo camp grade`), nbgrader releases camp's feedback; each student presses Fetch
-Feedback and reads their own page (their score, no hidden test source), and the instructor's
-Formgrader counts both submissions graded. Bob, who turned in a read-only file, submits again, and
-the instructor's next collect replaces the copy `camp grade` (root) wrote: nbgrader's pitfalls on a
-shared exchange, with everyone under `umask 077`. A student then tries to read what is not theirs from
+Feedback, nbgrader offers "view feedback" (the fetched page is the released one byte for byte) and
+the student reads their own page as their JupyterLab serves it (their score, no hidden test
+source, every formula typeset by the server's own MathJax), the instructor reads camp grade's page
+from disk (typeset by the copy beside it), and the instructor's Formgrader counts both submissions
+graded. No page of anyone's loads anything from another host. Bob, who turned in a read-only
+file, submits again, and the instructor's next collect replaces the copy `camp grade` (root)
+wrote: nbgrader's pitfalls on a shared exchange, with everyone under `umask 077`. A student then tries to read what is not theirs from
 a terminal (a classmate's home and feedback, the exchange's inbound and feedback folders, the
 source notebooks with the hidden tests, the gradebook, the repository's history) and through the
 file API of a classmate's and the instructor's servers: all refused, while their own copy, the
@@ -36,7 +39,9 @@ from autograder.catalog import Catalog, repo_root
 from autograder.course import hub
 from autograder.course.reference import student_notebook
 
-from .conftest import _not_run, type_in_a_new_terminal
+from autograder.reports.mathjax import FETCHED_DIR
+
+from .conftest import _not_run, type_in_a_new_terminal, typeset_formulas
 from .hub_class import HubClass
 
 ROOT = repo_root()
@@ -85,7 +90,7 @@ def hub_class(chromium_path, tmp_path):
 def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path, tmp_path):
     from playwright.sync_api import sync_playwright
 
-    hc, started, times, rss = hub_class, time.monotonic(), {}, {}
+    hc, started, times, rss, requests = hub_class, time.monotonic(), {}, {}, []
     ada, bob = hc.students
     teacher = hc.instructor
     lap = lambda name: times.__setitem__(name, round(time.monotonic() - started, 1))   # noqa: E731
@@ -93,7 +98,7 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
         try:
-            pages = {user: _log_in(browser, hc, user) for user in (ada, bob, teacher)}   # servers start together
+            pages = {user: _log_in(browser, hc, user, requests) for user in (ada, bob, teacher)}   # servers start together
             _finished(release, "release")
             lap("released")
             for user, page in pages.items():
@@ -129,23 +134,14 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
                 status = pages[ada].evaluate("async (u) => (await fetch(u)).status", f"{hc.base}/user/{user}/api/contents")
                 assert status in (403, 404), f"{ada} read {user}'s files through the file API (HTTP {status})"
             _finished(feedback, "release_feedback")
-            released = sorted((hc.exchange / COURSE / "feedback").glob("*.html"))
-            assert len(released) == 2, f"released feedback pages: {released}"
+            released = {p.read_bytes() for p in (hc.exchange / COURSE / "feedback").glob("*.html")}
+            assert len(released) == 2, f"released feedback pages: {len(released)}"
             lap("feedback released")
             probe = _probe_from_a_terminal(pages[ada], hc, ada, bob)
             lap("probes")
 
-            hidden = _hidden_test_lines()
-            for student, score in ((ada, "12"), (bob, bob_score.group(1))):
-                text = _fetch_feedback(pages[student], hc, student)
-                assert re.search(rf"\b{re.escape(_plain(score))}\s*/\s*12\b", text), f"{student}'s feedback:\n{text[:1500]}"
-                leaked = [ln for ln in hidden if ln in text]
-                assert not leaked, f"hidden tests in {student}'s feedback: {leaked[:3]}"
-                assert ("not written yet" in text) == (student == bob), f"{student}'s feedback:\n{text[:1500]}"
-            lap("feedback read")
-
-            assert _formgrader_counts(pages[teacher], hc, teacher) == ("released", "2")
-            lap("formgrader")
+            fetched = {student: _fetch_feedback(pages[student], hc, student, released) for student in (bob, ada)}
+            lap("feedback fetched")
             # bob turns in again; the instructor's next collect replaces what `sudo camp grade` wrote
             before = (hc.workspace / "collected" / bob / LAB_NAME / "timestamp.txt").read_text()
             _assignment_list(pages[bob])
@@ -156,7 +152,27 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
             while len(list(inbound.glob(f"{bob}+{LAB_NAME}+*"))) < 2 and time.monotonic() < deadline:
                 time.sleep(0.3)
             assert len(list(inbound.glob(f"{bob}+{LAB_NAME}+*"))) == 2, "bob's second Submit did not reach the exchange"
-            _finished(hc.as_user(teacher, "nbgrader", "collect", "--update", LAB_NAME), "a second collect")
+            second = hc.start_as_user(teacher, "nbgrader", "collect", "--update", LAB_NAME)
+
+            # meanwhile, each student reads their fetched page as their JupyterLab serves it, and the
+            # instructor reads camp grade's page from disk: formulas typeset by a local MathJax
+            hidden = _hidden_test_lines()
+            for student, score in ((ada, "12"), (bob, bob_score.group(1))):
+                text = _read_feedback(pages[student].context.new_page(), f"{hc.base}/user/{student}/files/"
+                                      + fetched[student].relative_to(hc.home(student)).as_posix())
+                assert re.search(rf"\b{re.escape(_plain(score))}\s*/\s*12\b", text), f"{student}'s feedback:\n{text[:1500]}"
+                leaked = [ln for ln in hidden if ln in text]
+                assert not leaked, f"hidden tests in {student}'s feedback: {leaked[:3]}"
+                assert ("not written yet" in text) == (student == bob), f"{student}'s feedback:\n{text[:1500]}"
+            graders = browser.new_context()
+            graders.on("request", lambda r: requests.append(r.url))
+            text = _read_feedback(graders.new_page(), (hc.workspace / "feedback" / ada / LAB_NAME / f"{LAB_NAME}.html").as_uri())
+            assert re.search(r"\b12\s*/\s*12\b", text), text[:1500]
+            lap("feedback read")
+            assert _formgrader_counts(pages[teacher], hc, teacher) == ("released", "2")
+            lap("formgrader")
+
+            _finished(second, "a second collect")
             after = (hc.workspace / "collected" / bob / LAB_NAME / "timestamp.txt").read_text()
             assert after > before, f"the second collect kept bob's first submission ({before} -> {after})"
             lap("second collect")
@@ -165,6 +181,8 @@ def test_two_students_and_an_instructor_through_the_hub(hub_class, chromium_path
             print("hub round trip, seconds since start: " + ", ".join(f"{k} {v}" for k, v in times.items()))
             if rss:
                 print("memory of each idle JupyterLab (MiB, all the user's processes): " + str(rss))
+    elsewhere = sorted({u for u in requests if not u.startswith((hc.base, "file://", "data:", "blob:", "about:"))})
+    assert not elsewhere, f"pages loaded from other hosts (a CDN?): {elsewhere[:10]}"
     refused = {"DENIED"}
     wrong = [line for line in probe if line.split(" ", 1)[0] not in refused and not line.startswith("READ (own)")]
     assert not wrong, "a student read what is not theirs, or a probe named nothing:\n" + "\n".join(probe)
@@ -187,8 +205,9 @@ def _plain(score: str) -> str:
     return score[:-2] if score.endswith(".0") else score
 
 
-def _log_in(browser, hc, user):
+def _log_in(browser, hc, user, requests: list[str]):
     context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.on("request", lambda r: requests.append(r.url))   # every page of this user's, every tab
     page = context.new_page()
     page.set_default_timeout(60_000)
     page.goto(f"{hc.base}/hub/login")
@@ -238,22 +257,29 @@ def _save(page, hc, user, nb) -> None:
     assert status in (200, 201), f"saving {user}'s notebook: HTTP {status}"
 
 
-def _fetch_feedback(page, hc, user) -> str:
+def _fetch_feedback(page, hc, user, released: set[bytes]) -> Path:
+    """Fetch Feedback in the Assignment List; "view feedback" shows only when the fetched page is
+    the released one byte for byte (nbgrader compares checksums), and the course's fetch step put
+    MathJax beside it. The fetched page's path."""
     _assignment_list(page)
     row = page.locator("#submitted_assignments_list .list_item", has_text=LAB_NAME).first
     row.locator("button", has_text=re.compile(r"^Fetch Feedback$")).click()
     page.locator("#submitted_assignments_list a", has_text="view feedback").first.wait_for(timeout=60_000)
-    return _read_files(page, hc, user)
-
-
-def _read_files(page, hc, user) -> str:
-    """The text of the student's fetched feedback page, opened from their server as they would."""
-    pages = sorted((hc.home(user) / COURSE / LAB_NAME / "feedback").glob(f"*/{LAB_NAME}.html"))
+    feedback = hc.home(user) / COURSE / LAB_NAME / "feedback"
+    pages = sorted(feedback.glob(f"*/{LAB_NAME}.html"))
     assert len(pages) == 1, f"{user}'s fetched feedback: {pages}"
-    rel = pages[0].relative_to(hc.home(user)).as_posix()
-    viewer = page.context.new_page()
+    assert pages[0].read_bytes() in released, f"{user}'s fetched page differs from the released one"
+    assert (feedback / FETCHED_DIR / "MathJax.js").is_file(), f"no MathJax beside {user}'s fetched feedback"
+    return pages[0]
+
+
+def _read_feedback(viewer, url: str) -> str:
+    """The text of a feedback page at `url` (a student's JupyterLab serving it as "Open in New
+    Browser Tab" does, or a file), once MathJax typeset every formula; the page is closed."""
     try:
-        viewer.goto(f"{hc.base}/user/{user}/files/{rel}")
+        viewer.goto(url)
+        seen = typeset_formulas(viewer)
+        assert seen["formulas"] > 5 and seen["typeset"] == seen["formulas"] and not seen["raw"], (url, seen)
         return viewer.locator("body").inner_text()
     finally:
         viewer.close()
@@ -292,8 +318,7 @@ def _probe_from_a_terminal(page, hc, user, classmate) -> list[str]:
     body = json.dumps({"type": "file", "format": "text", "content": "\n".join(script) + "\n"})
     assert _xsrf_fetch(page, f"{hc.base}/user/{user}/api/contents/probe.sh", "PUT", body) in (200, 201)
     out = hc.home(user) / "probe.txt"
-    page.goto(f"{hc.base}/user/{user}/lab")
-    type_in_a_new_terminal(page, "sh probe.sh > probe.tmp 2>&1; mv probe.tmp probe.txt; exit")
+    type_in_a_new_terminal(page, "sh probe.sh > probe.tmp 2>&1; mv probe.tmp probe.txt; exit")   # in the open JupyterLab
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and not out.exists():
         time.sleep(0.3)

@@ -101,29 +101,41 @@ def test_tex_is_kept_verbatim_not_eaten_by_markdown():
 
 
 def test_formulas_are_typeset_by_the_local_mathjax_only(spec, tmp_path):
-    """With a feedback folder, the page loads MathJax from a copy in it (relative URLs, no scheme,
-    no inline script: the CSP allows 'self' only) and the copy is installed once."""
+    """With a feedback folder, the page carries one inline loader, allowed by its hash alone (the
+    CSP allows 'self' and that hash: no URL with a scheme, no other inline script), which looks for
+    MathJax where camp grade installs it (once) and where the course's fetch step does; a Jupyter
+    server's own copy is found from the page's URL (tests/browser/test_hub_in_browser.py)."""
+    import base64
+    import hashlib
+
     from autograder.reports.feedback import MATHJAX_DIR
+    from autograder.reports.mathjax import MARKER
     root = tmp_path / "feedback"
     dest = root / "ada" / "b01_attention" / "b01_attention.html"
     nb = tmp_path / "b01_attention.ipynb"
     nbformat.write(_student_nb(), nb)
     write_feedback_html(spec, _result(spec), nb, dest, feedback_root=root)
     page = dest.read_text(encoding="utf-8")
-    scripts = re.findall(r"<script[^>]*>", page)
-    assert scripts == ["<script src='../../.mathjax/camp-config.js'>",
-                       "<script src='../../.mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full'>"], scripts
-    assert re.findall(r"<script[^>]*>(.*?)</script>", page, re.S) == ["", ""]           # nothing inline
+    scripts = re.findall(r"<script([^>]*)>(.*?)</script>", page, re.S)
+    assert [attrs for attrs, _ in scripts] == [f" {MARKER}"], scripts
+    loader = scripts[0][1]
+    assert '["../../.mathjax", "../mathjax"]' in loader and "static/jupyter_server_mathjax" in loader, loader
     csp = re.search(r'Content-Security-Policy\' content="([^"]*)"', page).group(1)
     directives = dict(d.strip().split(" ", 1) for d in csp.split(";"))
-    assert directives["script-src"] == "'self'" and directives["default-src"] == "'none'", directives
-    assert "http" not in csp and "*" not in csp
-    assert (root / MATHJAX_DIR / "MathJax.js").is_file() and (root / MATHJAX_DIR / "camp-config.js").is_file()
+    digest = base64.b64encode(hashlib.sha256(loader.encode()).digest()).decode()
+    assert directives["script-src"] == f"'self' 'sha256-{digest}'" and directives["default-src"] == "'none'", directives
+    assert "http" not in csp and "*" not in csp and "unsafe" not in directives["script-src"]
+    assert (root / MATHJAX_DIR / "MathJax.js").is_file()
     assert "<span class='camp-math'>" in page                                   # b01's markdown has formulas
     stamp = (root / MATHJAX_DIR / "MathJax.js").stat().st_mtime_ns
     write_feedback_html(spec, _result(spec), nb, root / "bob" / "b01_attention" / "b01_attention.html",
                         feedback_root=root)
     assert (root / MATHJAX_DIR / "MathJax.js").stat().st_mtime_ns == stamp   # installed once
+
+
+def test_without_a_feedback_folder_no_script_at_all(spec):
+    page = feedback_page(spec, _result(spec), _student_nb())
+    assert "<script" not in page and "script-src" not in page and "<noscript" not in page
 
 
 def test_scores_do_not_wrap(spec):
