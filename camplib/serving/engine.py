@@ -142,12 +142,10 @@ class Engine:
             slots += [block * bs + slot for block, slot in self.blocks.slots(s.id, 0, len(s))]
         batch = StepBatch(self._tensor(tokens), self._tensor(positions), self._tensor(slots), len(decode),
                           [len(s) for s in prefill])
-        if decode:   # the slots of each decoding sequence's keys, in order, padded to the longest table
+        if decode:   # the block tables of the decoding sequences, padded to the longest
             tables = [self.blocks.tables[s.id] for s in decode]
             width = max(map(len, tables))
-            blocks = self._tensor([t + [t[0]] * (width - len(t)) for t in tables])
-            within = torch.arange(bs, device=self.device)
-            batch.context = (blocks[:, :, None] * bs + within).flatten(1)
+            batch.tables = self._tensor([t + [t[0]] * (width - len(t)) for t in tables])
             lengths = self._tensor([len(s) for s in decode])
             cached = torch.arange(width * bs, device=self.device) < lengths[:, None]
             # additive (0 / -inf) rather than boolean: every decode row sees at least its own key,

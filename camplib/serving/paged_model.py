@@ -6,7 +6,7 @@ are laid end to end into one flat batch of N tokens (`StepBatch`), so every weig
 once per step, in one (N, d) product, however many sequences are prefilled or decoded. Two kinds
 of row, decode rows first:
 - decode: the newest token of a running sequence; its query attends to all its sequence's cached
-  keys, gathered from the blocks through `context` (slot indices) with a mask past each length;
+  keys, gathered block by block through its block table (`tables`) with a mask past its length;
 - prefill: all tokens of a newly admitted sequence (its prompt; after a preemption also its
   earlier output), causal attention over themselves.
 Only attention knows about rows; embeddings, norms, projections and the MLP see N tokens. Every
@@ -33,8 +33,8 @@ class StepBatch:
     slots: torch.Tensor            # (N,) where its key/value goes: block * block_size + slot in the block
     n_decode: int                  # the first n_decode tokens are decode rows
     prefill_lens: list[int]        # then one prefill row of each length
-    context: torch.Tensor | None = None   # (n_decode, S) slots of each decode row's keys (padding: any slot)
-    context_mask: torch.Tensor | None = None   # (n_decode, 1, 1, S) 0 where a key is really cached, else -inf
+    tables: torch.Tensor | None = None   # (n_decode, W) block tables of the decode rows (padding: any block)
+    context_mask: torch.Tensor | None = None   # (n_decode, 1, 1, W * block_size) 0 where a key is cached, else -inf
 
     @property
     def last(self) -> torch.Tensor:
@@ -72,7 +72,7 @@ def paged_forward(model, pool: PagedKVPool, batch: StepBatch) -> torch.Tensor:
         pool.write(layer, k, v, batch.slots)
         out = []
         if nd:   # (nd, H, 1, D) queries over (nd, Hkv, S, D) gathered keys
-            keys, values = pool.gather(layer, batch.context)
+            keys, values = pool.gather(layer, batch.tables)
             qd = q[:nd, :, None]
             if "decode" not in backends:
                 backends["decode"] = _backend(attn, qd, keys)

@@ -1,8 +1,12 @@
 """The engine's own thread, next to the HTTP server's event loop.
 
 The loop thread calls `engine.step()` while there is work and sleeps on a condition otherwise;
-request handlers `submit` (a queue per request receives each token via call_soon_threadsafe)
-and `abort`. `stop(drain=True)` lets the running requests finish first (graceful shutdown).
+request handlers `submit` (a queue per request receives each token) and `abort`.
+`stop(drain=True)` lets the running requests finish first (graceful shutdown).
+
+The tokens of a step reach the event loop in one `call_soon_threadsafe` after the step, not one
+per token: each such call writes to the loop's wake-up pipe (a system call and a wake-up of the
+loop), 1.5% of the engine thread's time at 16 clients in a py-spy profile of the server.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ class EngineLoop:
         self.engine = engine
         self.wake = threading.Condition()
         self.stopping = False
+        self.pending: dict[asyncio.AbstractEventLoop, list] = {}   # tokens of this step, per event loop
         self.thread = threading.Thread(target=self._run, name="camplib-engine", daemon=True)
 
     def start(self) -> "EngineLoop":
@@ -34,10 +39,8 @@ class EngineLoop:
         """Queue a request (raises ValueError / QueueFull); its tokens arrive on the queue, then DONE."""
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
-        def on_token(seq: Sequence, token: int) -> None:   # the engine thread
-            loop.call_soon_threadsafe(queue.put_nowait, token)
-            if seq.finished:
-                loop.call_soon_threadsafe(queue.put_nowait, DONE)
+        def on_token(seq: Sequence, token: int) -> None:   # the engine thread; sent after the step
+            self.pending.setdefault(loop, []).append((queue, token, seq.finished))
 
         seq = self.engine.add(prompt, params, on_token)
         with self.wake:
@@ -62,6 +65,17 @@ class EngineLoop:
                     self.engine.abort(seq)
                     if seq.on_token is not None:
                         seq.on_token(seq, -1)
+            finally:
+                self._send()
+
+    def _send(self) -> None:
+        """Hand the step's tokens to their event loops, one call per loop."""
+        pending, self.pending = self.pending, {}
+        for loop, items in pending.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:   # that loop is closed: its clients are gone
+                pass
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish what is queued or running, then end the thread."""
@@ -69,3 +83,11 @@ class EngineLoop:
             self.stopping = True
             self.wake.notify()
         self.thread.join(timeout)
+
+
+def _deliver(items: list) -> None:
+    """On the event loop: each token to its request's queue, DONE after a request's last."""
+    for queue, token, finished in items:
+        queue.put_nowait(token)
+        if finished:
+            queue.put_nowait(DONE)
