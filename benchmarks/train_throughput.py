@@ -220,6 +220,11 @@ def run_config(family, size, precision, attn, data, args, device) -> dict:
                 others=others.get("camplib", []), step_ms=statistics.median(cpu["camplib"]))
 
 
+def op_label(name: str) -> str:
+    """A short name for an operator row: aten's prefix dropped, a compiled graph's hash too."""
+    return "compiled graph" if name.startswith("## Call CompiledFxGraph") else name.removeprefix("aten::")
+
+
 def load() -> str:
     """The machine's load average (1, 5, 15 minutes) and CPU count: how shared the run was."""
     try:
@@ -338,8 +343,10 @@ def main():
                     if args.ops and res["others"]:
                         top = sorted((r for r in res["others"] if r.name not in METADATA_OPS),
                                      key=lambda r: r.self_ms, reverse=True)[:args.ops]
-                        print(f"    camplib outside mm+attn, of a {res['step_ms']:.1f} ms step (CPU time): " + ", ".join(
-                            f"{r.name.removeprefix('aten::')} {r.self_ms:.2f} ms" for r in top), flush=True)
+                        how = ("profiler self time, wall clock; 'compiled graph': the fused kernels" if args.compile
+                               or device.type != "cpu" else "CPU time")
+                        print(f"    camplib outside mm+attn, of a {res['step_ms']:.1f} ms step (CPU time) ({how}): " + ", ".join(
+                            f"{op_label(r.name)} {r.self_ms:.2f} ms" for r in top), flush=True)
     print(f"lowest ratio camplib / transformers: {min(ratios):.2f} (goal >= {goal}); {load()}")
     if ceilings:
         print(f"mm+attn share: the fraction of a profiled step in matrix products and attention (camplib / HF), "
