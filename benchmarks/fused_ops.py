@@ -2,7 +2,8 @@
 run: bytes autograd saves for backward (camplib.memory.saved_activation_bytes), estimated bytes
 moved per forward+backward, and the time of a forward+backward, as ratios fused / unfused.
 
-- RMSNorm: camplib.kernels.fused_norm.rms_norm vs camplib.model.RMSNorm
+- RMSNorm: camplib.kernels.fused_norm.rms_norm (what camplib.model.RMSNorm runs) vs Hugging Face
+  Llama's LlamaRMSNorm (the formula written out)
 - SwiGLU gate: camplib.kernels.fused_swiglu.swiglu vs F.silu(a) * b
 - LM-head cross-entropy: camplib.kernels.chunked_ce.chunked_cross_entropy vs
   camplib.losses.cross_entropy(h @ W.T, y) on the full logits
@@ -27,7 +28,6 @@ from camplib.kernels.fused_norm import rms_norm
 from camplib.kernels.fused_swiglu import swiglu
 from camplib.losses import cross_entropy
 from camplib.memory import saved_activation_bytes
-from camplib.model import RMSNorm
 
 
 def sync(device):
@@ -97,9 +97,11 @@ def main():
     # bytes moved, counted per tensor read or written once (forward + backward), fp32:
     # RMSNorm fused: fwd reads x writes y; bwd reads x, dy writes dx (x_hat recomputed); unfused also writes
     # and rereads x_hat and the squares (about 3 more passes over x).
-    norm = RMSNorm(d).to(device)
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(d, eps=1e-6).to(device)
     x = leaf(N, d)
-    compare("RMSNorm", lambda x: rms_norm(x, norm.weight, norm.eps), norm, [x], list(norm.parameters()),
+    compare("RMSNorm", lambda x: rms_norm(x, norm.weight, norm.variance_epsilon), norm, [x], list(norm.parameters()),
             {"fused": 5 * N * d * f32, "unfused": 9 * N * d * f32}, args.repeats, device)
     # SwiGLU gate: fused fwd reads a, b writes h; bwd reads a, b, dh writes da, db (8 passes);
     # unfused also writes silu(a) and rereads it in backward and in the product (about 11 passes).

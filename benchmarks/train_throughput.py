@@ -16,9 +16,18 @@ only difference is the model code. Both run eagerly (`--compile` compiles both).
 step (ours, HF, HF, ours...), so that load from other processes on a shared machine hits both
 alike; tokens/s come from each side's median step time, and the table prints the ratio camplib /
 transformers per configuration. Each configuration also profiles a few steps per side and prints
-its share in matrix products and attention, the kernels both sides call alike, and the ceiling
-ratio / camplib's share: the ratio camplib would reach if everything else cost nothing (a goal
-above it cannot be met by the model's code on this machine). The goals of issue 25 are printed
+its share in matrix products and attention (aten mm, addmm, bmm, baddbmm and the
+scaled-dot-product kernels, forward and backward: what nn.Linear and SDPA run; everything else,
+element-wise work, norms, the loss, the optimizer and the Python between operators, counts
+against it), the kernels both sides call alike, and the ceiling ratio / camplib's share: the
+ratio camplib would reach if everything else cost nothing (a goal above it cannot be met by the
+model's code on this machine). Eager on the CPU the share is CPU time, which other jobs on a
+shared machine do not inflate: the products' CPU time per step (camplib.profiling.op_cpu_times,
+median of the profiled steps) over the median CPU time of the unprofiled steps; compiled or on
+CUDA it is torch.profiler's self time of those kernels over the profiled step's wall time
+(profiler overhead included, so lower). After each row, camplib's costliest operators outside
+the products (`--ops`), in CPU time (each includes ~10 us of the timer's own overhead per call;
+views, which move no data, are left out of that list). The goals of issue 25 are printed
 beside the lowest figures (and decide the exit status): ratio >= 1.0 in every configuration
 (`--goal`) and camplib's share >= 0.90 (`--share-goal`). CUDA when present (synchronised
 around timings; bf16 only where the GPU supports it), else the CPU, where bf16 is left out of the
@@ -28,7 +37,7 @@ step by step, but makes the profiled shares noisier).
 
     .venv/bin/python benchmarks/train_throughput.py [--threads 1] [--steps 20] [--clock process]
         [--family gpt2 llama] [--size small medium] [--precision fp32 bf16] [--attn eager sdpa] [--compile]
-        [--adamw fused|foreach|single] [--goal 1.0] [--share-goal 0.9]
+        [--adamw fused|foreach|single] [--ops 6] [--goal 1.0] [--share-goal 0.9]
 """
 from __future__ import annotations
 
@@ -75,6 +84,13 @@ def sync(device):
 SHARED_KERNELS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "scaled_dot_product")
 
 
+# operators that only make a new view of a tensor (no data moved): listed by --ops they would show
+# the timer's own overhead, ~10 us a call, not a cost of the model
+METADATA_OPS = {"aten::view", "aten::_unsafe_view", "aten::t", "aten::transpose.int", "aten::as_strided",
+                "aten::detach", "aten::expand", "aten::split.Tensor", "aten::split_with_sizes",
+                "aten::unsqueeze", "aten::slice.Tensor", "aten::permute", "aten::select.int"}
+
+
 class Side:
     """One side of the comparison: a model, how to get its logits, its AdamW and precision."""
 
@@ -97,24 +113,44 @@ class Side:
         self.opt.step()
         return loss.item()
 
-    def timed_step(self, x, y, clock) -> tuple[float, float]:
-        """(seconds, loss) of one step, synchronised on CUDA."""
+    def timed_step(self, x, y, clock) -> tuple[float, float, float]:
+        """(seconds by `clock`, this thread's CPU seconds, loss) of one step, synchronised on CUDA."""
         sync(self.device)
-        start = clock()
+        start, cpu_start = clock(), time.thread_time()
         loss = self.step(x, y)
         sync(self.device)
-        return clock() - start, loss
+        return clock() - start, time.thread_time() - cpu_start, loss
 
-    def shared_share(self, x, y) -> float:
-        """Fraction of one step spent in SHARED_KERNELS, by camplib.profiling's operator self times
-        (device time on CUDA). camplib and transformers compute the same products and attention,
-        so camplib's ratio can at most reach measured ratio / this share (everything else made
-        free): the ceiling the table prints."""
-        from camplib.profiling import profile_step
+    def shared_ms(self, x, y, compiled: bool) -> tuple[float, float | None, list]:
+        """(ms of one step in SHARED_KERNELS, the profiled step's ms or None, the other operators'
+        rows). Eager on the CPU: CPU time of this thread per operator (camplib.profiling.op_cpu_times),
+        which the other jobs of a shared machine do not inflate, to be divided by the unprofiled
+        steps' median CPU time (None here: Python between operators counts as not shared, the
+        profiler's overhead does not). Compiled or on CUDA: torch.profiler's self times (device
+        time on CUDA) over the profiled step's own wall time, profiler overhead included (a
+        compiled function runs eagerly under a dispatch mode, so CPU time per operator cannot
+        see it). camplib and transformers compute the same products and attention, so camplib's
+        ratio can at most reach measured ratio / share (everything else made free): the ceiling
+        the table prints."""
+        from camplib.profiling import op_cpu_times, profile_step
 
-        rows = profile_step(lambda: self.step(x, y), warmup=0, top=10**9, device=self.device)
-        total = sum(r.self_ms for r in rows)
-        return sum(r.self_ms for r in rows if any(k in r.name for k in SHARED_KERNELS)) / total
+        if self.device.type == "cpu" and not compiled:
+            rows, _ = op_cpu_times(lambda: self.step(x, y), warmup=0)
+            wall = None
+        else:
+            clock = {}
+
+            def timed():
+                sync(self.device)
+                clock["start"] = time.perf_counter()
+                self.step(x, y)
+                sync(self.device)
+                clock["end"] = time.perf_counter()
+
+            rows = profile_step(timed, warmup=0, top=10**9, device=self.device)
+            wall = (clock["end"] - clock["start"]) * 1e3
+        shared = [r for r in rows if any(k in r.name for k in SHARED_KERNELS)]
+        return sum(r.self_ms for r in shared), wall, [r for r in rows if r not in shared]
 
 
 def hf_model(family: str, size: str, attn: str, seq: int):
@@ -158,21 +194,35 @@ def run_config(family, size, precision, attn, data, args, device) -> dict:
         fn = (lambda x, m=model: m(x)[0]) if name == "camplib" else (lambda x, m=model: m(input_ids=x).logits)
         sides[name] = Side(model, torch.compile(fn) if args.compile else fn, device, precision, args.adamw)
     clock = time.process_time if args.clock == "process" else time.perf_counter
-    times = {name: [] for name in sides}
-    losses, shares = {}, {name: [] for name in sides}
+    times, cpu = {name: [] for name in sides}, {name: [] for name in sides}
+    losses, shared, walls, others = {}, {name: [] for name in sides}, {name: [] for name in sides}, {}
     n = args.warmup + args.steps + (args.profiled if args.shares else 0)
     for i, (x, y) in enumerate(batches(data, args.batch, args.seq, n, seed=0)):
         for name in (list(sides) if i % 2 == 0 else list(sides)[::-1]):
             if i < args.warmup + args.steps:
-                seconds, loss = sides[name].timed_step(x, y, clock)
+                seconds, cpu_seconds, loss = sides[name].timed_step(x, y, clock)
                 losses.setdefault(name, loss)                        # the first step's: equal weights, equal loss
                 if i >= args.warmup:
                     times[name].append(seconds)
+                    cpu[name].append(cpu_seconds * 1e3)
             else:
-                shares[name].append(sides[name].shared_share(x, y))
+                ms, wall, rest = sides[name].shared_ms(x, y, args.compile)
+                shared[name].append(ms)
+                walls[name].append(wall)
+                others[name] = rest
     tok_s = {name: args.batch * args.seq / statistics.median(t) for name, t in times.items()}
-    share = {name: statistics.median(v) for name, v in shares.items() if v}
-    return dict(med=tok_s, losses=losses, shares=share, ratio=tok_s["camplib"] / tok_s["transformers"])
+    share = {}
+    for name, ms in shared.items():
+        if ms:   # median shared time over the median step (CPU time), or the median of per-step shares (wall)
+            share[name] = (statistics.median(ms) / statistics.median(cpu[name]) if walls[name][0] is None
+                           else statistics.median(m / w for m, w in zip(ms, walls[name])))
+    return dict(med=tok_s, losses=losses, shares=share, ratio=tok_s["camplib"] / tok_s["transformers"],
+                others=others.get("camplib", []), step_ms=statistics.median(cpu["camplib"]))
+
+
+def op_label(name: str) -> str:
+    """A short name for an operator row: aten's prefix dropped, a compiled graph's hash too."""
+    return "compiled graph" if name.startswith("## Call CompiledFxGraph") else name.removeprefix("aten::")
 
 
 def load() -> str:
@@ -237,6 +287,8 @@ def main():
     parser.add_argument("--compile", action="store_true", help="torch.compile both models' forward")
     parser.add_argument("--no-shares", dest="shares", action="store_false",
                         help="skip the profiled steps that measure each side's share in matmuls + attention")
+    parser.add_argument("--ops", type=int, default=6,
+                        help="after each row, camplib's N costliest operators outside the matrix products and attention")
     parser.add_argument("--goal", type=float, default=1.0, help="exit 1 when a ratio is below (issue 25: 1.0)")
     parser.add_argument("--share-goal", type=float, default=0.9,
                         help="exit 1 when camplib's mm+attn share is below (issue 25: 0.90)")
@@ -288,6 +340,13 @@ def main():
                           f"{res['med']['transformers']:9.0f} {res['ratio']:6.2f}  {share:>13} {ceiling:>7}  "
                           f"{res['losses']['camplib']:.4f} / {res['losses']['transformers']:.4f}  "
                           f"[camplib attention: {res['attention']}]", flush=True)
+                    if args.ops and res["others"]:
+                        top = sorted((r for r in res["others"] if r.name not in METADATA_OPS),
+                                     key=lambda r: r.self_ms, reverse=True)[:args.ops]
+                        how = ("profiler self time, wall clock; 'compiled graph': the fused kernels" if args.compile
+                               or device.type != "cpu" else "CPU time")
+                        print(f"    camplib outside mm+attn, of a {res['step_ms']:.1f} ms step (CPU time) ({how}): " + ", ".join(
+                            f"{op_label(r.name)} {r.self_ms:.2f} ms" for r in top), flush=True)
     print(f"lowest ratio camplib / transformers: {min(ratios):.2f} (goal >= {goal}); {load()}")
     if ceilings:
         print(f"mm+attn share: the fraction of a profiled step in matrix products and attention (camplib / HF), "

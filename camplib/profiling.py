@@ -4,6 +4,11 @@
 step) of a model after warm-up steps, and returns the operators sorted by *self* time (time in
 the operator itself, not in what it calls): the table that says what to fuse or remove first.
 
+`op_cpu_times` measures the same table in CPU time of the calling thread, operator by operator
+(a TorchDispatchMode around every aten call): on a machine shared with other jobs, wall-clock
+self times are inflated wherever the scheduler preempted, CPU time is not. Eager code only: under
+a dispatch mode torch.compile'd functions fall back to eager (use profile_step for them).
+
 `flops_per_token` is the usual estimate for a decoder-only transformer trained with backward
 (Kaplan et al. 2020; PaLM appendix B): 6 N for the N non-embedding parameters (2 multiply-adds
 forward, 4 backward) plus 12 L d T for attention's scores and weighted sums (L layers, width d,
@@ -17,7 +22,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["OpTime", "profile_step", "format_table", "flops_per_token", "mfu"]
+__all__ = ["OpTime", "profile_step", "op_cpu_times", "format_table", "flops_per_token", "mfu"]
 
 
 @dataclass
@@ -52,6 +57,42 @@ def profile_step(step: Callable[[], object], warmup: int = 1, top: int = 10, dev
         rows.append(OpTime(e.key, self_us / 1e3, total_us / 1e3, e.count))
     rows.sort(key=lambda r: r.self_ms, reverse=True)
     return rows[:top]
+
+
+def op_cpu_times(step: Callable[[], object], warmup: int = 1) -> tuple[list[OpTime], float]:
+    """(operators of one call of step() by CPU time of this thread, that call's CPU ms in all), after
+    `warmup` untimed calls. Each aten operator's time is its whole call as the dispatcher sees it
+    below autograd (what it runs inside, e.g. a composite's parts, is not listed again), so
+    self_ms == total_ms. Backward's operators are included: on the CPU autograd runs them in
+    the calling thread. The total includes the Python between operators and this mode's own
+    overhead (~10 us per operator), so the listed times sum to less than it."""
+    import time
+    from collections import defaultdict
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    clock = time.thread_time_ns
+    spent, calls = defaultdict(int), defaultdict(int)
+
+    class _Timer(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            start = clock()
+            out = func(*args, **(kwargs or {}))
+            spent[func.name()] += clock() - start
+            calls[func.name()] += 1
+            return out
+
+    if warmup < 0:
+        raise ValueError(f"op_cpu_times: warmup must be >= 0, got {warmup}")
+    for _ in range(warmup):
+        step()
+    start = clock()
+    with _Timer():
+        step()
+    total = (clock() - start) / 1e6
+    rows = [OpTime(name, ns / 1e6, ns / 1e6, calls[name]) for name, ns in spent.items()]
+    rows.sort(key=lambda r: r.self_ms, reverse=True)
+    return rows, total
 
 
 def format_table(rows: list[OpTime]) -> str:

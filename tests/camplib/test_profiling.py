@@ -48,3 +48,29 @@ def test_flops_per_token_and_mfu_by_hand():
 def test_bad_input_is_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_op_cpu_times_counts_a_gpt_steps_operators_backward_included():
+    """CPU time per aten operator of one eager GPT step: the products of forward and backward (a
+    Linear's backward is two mm per weight), the fused optimizer, sorted, and less than the step. (~0.1 s)"""
+    from camplib.profiling import op_cpu_times
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, n_layer=1, d_model=32, n_head=2, max_seq_len=16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    x = torch.randint(0, 64, (2, 16))
+
+    def step():
+        _, loss = model(x[:, :-1], x[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    rows, total = op_cpu_times(step, warmup=1)
+    calls = {r.name: r.calls for r in rows}
+    # forward: qkv, proj, fc, mlp proj (addmm, with bias) and the tied head (mm); backward: a grad
+    # of the input and of the weight for each (the first layer's input grad is still needed: x's embedding)
+    assert calls.get("aten::addmm") == 4 and calls.get("aten::mm", 0) >= 9, f"products counted: {calls}"
+    assert calls.get("aten::_fused_adamw_") == 1 and any("layer_norm_backward" in n for n in calls), calls
+    assert [r.self_ms for r in rows] == sorted((r.self_ms for r in rows), reverse=True)
+    assert 0 < sum(r.self_ms for r in rows) <= total, (sum(r.self_ms for r in rows), total)

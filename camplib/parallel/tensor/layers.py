@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from camplib.attention import causal_mask, scaled_dot_product_attention
-from camplib.activations import swiglu
+from camplib.activations import gelu, swiglu
 from camplib.parallel.tensor.comm import (
     all_reduce_max,
     all_reduce_sum,
@@ -275,7 +275,7 @@ class ParallelMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "gelu":
-            return self.dropout(self.proj(F.gelu(self.fc(x), approximate=self.approximate)))
+            return self.dropout(self.proj(gelu(self.fc(x), self.approximate)))
         x = self.gate.enter(x)  # one f (or one all-gather) for both column layers
         return self.dropout(self.down(swiglu(self.gate.compute(x), self.up.compute(x))))
 
