@@ -1,24 +1,29 @@
 """Distributed labs: the course's runners (camplib.dist.harness, camplib.parallel.data.run,
-zero.run) run in the student's process, so what they report is the student's answer, never
-evidence. b06 and a02 submissions with blank exercises replace those runners with fakes that
-compute every answer in one process and report the bytes and calls a ring, DataParallel or ZeRO
-would have produced: from a notebook cell through names computed at run time, and from a .py file
-beside the notebook. The tests check what the grader measures itself (the bytes the kernel
-counted on the sandbox's own loopback network), so the fakes score 0 on every distributed test
-while the reference keeps full marks.
+zero.run, context.run) run in the student's process, so what they report is the student's answer,
+never evidence. Submissions with blank exercises replace those runners with fakes that compute
+every answer in one process, report the bytes and calls a ring, DataParallel or ZeRO would have
+produced, and put junk of that size on the loopback network (so a byte lower bound alone is met):
+from a notebook cell through names computed at run time, and from a .py file beside the notebook.
 
-b06's ring exercises, a03's three and a04's step loop run on ranks the grader starts, each in a sandbox of its own
-that holds only its own input (autograder.grading.rank_pool): a fake runner is never called
-there, and a fake rank function knows too little (FAKES_A03, FAKES_A04). SHARED is the
+Every such test now runs on ranks the grader starts, each in a sandbox of its own that holds only
+its own input (autograder.grading.rank_pool): a fake runner is never called there, and a fake
+rank function knows too little (FAKES_A03, FAKES_A04, FAKES_A05). Before, with the runners in
+the student's process: b06's broadcast and DataParallel 4/8, a02's two tests 6/13, a05's ring
+forward 4/14 (all measured with nothing forbidden); now 0. SHARED is the
 attack on a byte lower bound: ring exercises that compute every result from the other ranks'
-inputs read through files in /dev/shm and /tmp (no network), and send junk of exactly the ring's
-size to the ring's neighbours, so that the bytes the ranks report and the kernel counts are a
-ring's. With ranks forked from the student's process (the course's harness before this) it
-scored both ring tests (4/8 with blank other exercises); with the network as the only channel
-between ranks it scores 0.
+inputs read through files in /dev/shm and /tmp and through abstract Unix sockets (no loopback
+traffic), and send junk of exactly the ring's size to the ring's neighbours, so that the bytes
+the ranks report and the kernel counts are a ring's. With ranks forked from the student's
+process (the course's harness before rank sandboxes) it scored both ring tests (4/8 with blank
+other exercises), and so it did on rank sandboxes through the abstract sockets their shared
+network namespace holds; with no Unix sockets in a rank's sandbox (autograder.isolation.seccomp)
+the loopback network is the only channel between ranks and it scores 0. COLLECTIVE_RINGS builds
+the rings on dist.all_reduce and doctors each rank's own count of its calls (4/8 when the
+"point-to-point only" rule read that count); the grader's observer sees the all-reduce: 0.
 
-Graded twice: with the lab's forbidden list, as `camp grade` does, and with none at all, so that
-the score comes from the trusted measurement alone (no static scan or observer verdict).
+Graded twice: with the lab's forbidden list, as `camp grade` does (the fakes only: the reference's
+full marks are tests/course/test_labs.py's), and with none at all, so that the score comes from
+the trusted measurement alone (no static scan or observer verdict).
 Needs root and bubblewrap (the sandbox); skipped elsewhere with that reason.
 """
 import dataclasses
@@ -39,7 +44,8 @@ ROOT = repo_root()
 FAKED = {"b06": ["test_broadcast_parameters", "test_data_parallel", "test_ring_all_reduce", "test_ring_reduce_scatter"],
          "a02": ["test_zero1", "test_zero2_grads"],
          "a03": ["test_conjugate_ops", "test_parallel_linear", "test_vocab_loss"],
-         "a04": ["test_pipeline_train_step"]}
+         "a04": ["test_pipeline_train_step"],
+         "a05": ["test_ring_forward"]}
 
 FAKES = '''
 import importlib
@@ -62,6 +68,23 @@ def _fake_collective(fn, inputs, backend=None, timeout=60.0):
     return {"outputs": outputs, "bytes_sent": [sent] * n, "calls": [{"send": n - 1, "recv": n - 1}] * n}
 
 
+def _junk(nbytes):
+    """Put `nbytes` of zeros on the loopback network (one socket to itself): a byte lower bound met."""
+    import socket
+    import threading
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    sender = threading.Thread(target=client.sendall, args=(bytes(nbytes),))
+    sender.start()
+    left = nbytes
+    while left > 0:
+        left -= len(peer.recv(min(left, 1 << 20)))
+    sender.join()
+    for s in (client, peer, server):
+        s.close()
+
+
 def _fake_module(fn, world_size, model_cfg, seed=0, fn_kwargs=None, backend=None, timeout=60.0):
     src = (fn_kwargs or {}).get("src", 0)
     before = []
@@ -72,6 +95,7 @@ def _fake_module(fn, world_size, model_cfg, seed=0, fn_kwargs=None, backend=None
                 if b.is_floating_point():
                     b.add_(r + 1)
         before.append({k: v.detach().clone() for k, v in [*model.named_parameters(), *model.named_buffers()]})
+    _junk(world_size * sum(v.numel() * v.element_size() for v in before[src].values()))
     return {"before": before, "after": [dict(before[src]) for _ in range(world_size)],
             "bytes_sent": [0] * world_size, "calls": [{"broadcast": len(before[0])}] * world_size}
 
@@ -85,6 +109,7 @@ def _fake_train(wrapper, world_size, model_cfg, x, y, steps=3, lr=0.1, bucket_mb
         if filled is None or filled >= bucket_mb * 2**20:
             buckets, filled = buckets + 1, 0
         filled += s
+    _junk(world_size * sum(sizes))
     return {"initial": [ref["initial"]] * world_size, "params": [ref["params"]] * world_size,
             "losses": [ref["losses"]] * world_size, "timeline": [[]] * world_size,
             "bytes_sent": [0] * world_size, "calls": [{"allreduce": steps * buckets}] * world_size}
@@ -105,6 +130,7 @@ def _fake_optimizer(optimizer_cls, world_size, spec, data, steps, hyper=None, av
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
     psi = sum(p.numel() for p in model.parameters())
     n = world_size
+    _junk(n * steps * 4 * psi)
     return {"history": [history] * n, "params": [history[-1]] * n, "losses": [[0.0] * steps] * n,
             "bytes_per_step": [[4 * psi] * steps] * n, "calls_per_step": [[{}] * steps] * n,
             "grad_bytes_held": [0] * n, "state_bytes_held": [12 * (-(-psi // n))] * n,
@@ -117,6 +143,7 @@ def _fake_shards(fn, world_size, spec, data, timeout=60.0):
     flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     size = -(-flat.numel() // world_size)
     flat = torch.cat([flat, flat.new_zeros(size * world_size - flat.numel())])
+    _junk(2 * world_size * 4 * size)
     return {"shards": [flat[r * size:(r + 1) * size].clone() for r in range(world_size)],
             "grads_left": [[] for _ in range(world_size)], "bytes_sent": [4 * size] * world_size,
             "calls": [{"_reduce_scatter_base": 1}] * world_size}
@@ -132,7 +159,10 @@ setattr(_train, "train_on_" + "ranks", _fake_train)
 
 RINGS = ["test_ring_all_reduce", "test_ring_reduce_scatter"]
 SHARED = '''
+import io
 import os
+import socket
+import threading
 import time
 
 import torch
@@ -149,19 +179,51 @@ def _ring_junk(nbytes):
         req.wait()
 
 
+def _serve(server, data, times):
+    for _ in range(times):
+        peer, _ = server.accept()
+        peer.sendall(data)
+        peer.close()
+
+
+def _fetch(address):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(address)
+        return torch.load(io.BytesIO(b"".join(iter(lambda: s.recv(1 << 16), b""))))
+
+
 def _everyones(tensor):
-    """Every rank's tensor, through files (no network): rank order."""
+    """Every rank's tensor, without the counted network: through files, and through abstract Unix
+    sockets (named in the network namespace, not the file system). Rank order."""
     r, n = dist.get_rank(), dist.get_world_size()
-    key = (os.environ.get("MASTER_PORT", "0"), tensor.numel(), str(tensor.dtype))
+    key = (n, tensor.numel(), str(tensor.dtype))
     _runs[key] = _runs.get(key, 0) + 1
     name = "_".join(map(str, (*key, _runs[key]))).replace("torch.", "")
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
     for folder in ("/dev/shm", "/tmp"):
-        torch.save(tensor, f"{folder}/{name}_{r}.part")
+        with open(f"{folder}/{name}_{r}.part", "wb") as f:
+            f.write(buffer.getvalue())
         os.replace(f"{folder}/{name}_{r}.part", f"{folder}/{name}_{r}.pt")
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and not all(os.path.exists(f"/tmp/{name}_{k}.pt") for k in range(n)):
+    try:
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(f"\\0{name}_{r}")
+        server.listen(n)
+        threading.Thread(target=_serve, args=(server, buffer.getvalue(), n - 1), daemon=True).start()
+    except OSError:
+        pass
+    got, deadline = {r: tensor}, time.monotonic() + 5
+    while time.monotonic() < deadline and len(got) < n:
+        for k in set(range(n)) - set(got):
+            if os.path.exists(f"/tmp/{name}_{k}.pt"):
+                got[k] = torch.load(f"/tmp/{name}_{k}.pt")
+                continue
+            try:
+                got[k] = _fetch(f"\\0{name}_{k}")
+            except OSError:
+                pass
         time.sleep(0.01)
-    return [torch.load(f"/tmp/{name}_{k}.pt") for k in range(n)]
+    return [got[k] for k in range(n)]
 
 
 def ring_reduce_scatter(flat, group=None):
@@ -180,6 +242,57 @@ def ring_all_reduce(tensor, group=None):
     n, size = dist.get_world_size(), tensor.numel() * tensor.element_size()
     _ring_junk(2 * (n - 1) * size // n)
     tensor.copy_(torch.stack(_everyones(tensor)).sum(0))
+    return tensor
+'''
+
+
+# b06's rings built on torch's collectives (all_reduce: a ring's bytes on the wire, right results),
+# with the rank's own count of its calls doctored where the course measures it (the function that
+# runs a rank function inside count_bytes, in the rank's process): it reports sends and a ring's
+# bytes. The rings' tests judged the rule "point-to-point only" from that count and scored it
+# (4/8); they now judge it from what the grader's observer saw each rank call.
+COLLECTIVE_RINGS = '''
+import importlib
+
+import torch
+import torch.distributed as dist
+
+_sep = importlib.import_module("camplib.dist." + "sep" + "arate")
+_measured = getattr(_sep, "_meas" + "ured")
+
+
+def _as_a_ring(rank, world_size, rank_fn, args):
+    out = _measured(rank, world_size, rank_fn, args)
+    out["calls"] = {"send": world_size - 1, "recv": world_size - 1}
+    out["bytes_sent"] = _bytes.pop() if _bytes else 0
+    return out
+
+
+_bytes = []
+setattr(_sep, "_meas" + "ured", _as_a_ring)
+
+
+def ring_reduce_scatter(flat, group=None):
+    n = dist.get_world_size()
+    _bytes.append((n - 1) * flat.numel() * flat.element_size() // n)
+    total = flat.clone()
+    dist.all_reduce(total)
+    return total.chunk(n)[dist.get_rank()].clone()
+
+
+def ring_all_gather(chunk, group=None):
+    n = dist.get_world_size()
+    _bytes.append((n - 1) * chunk.numel() * chunk.element_size())
+    parts = torch.zeros(n, *chunk.shape, dtype=chunk.dtype)
+    parts[dist.get_rank()] = chunk
+    dist.all_reduce(parts)
+    return parts.reshape(-1, *chunk.shape[1:])
+
+
+def ring_all_reduce(tensor, group=None):
+    n = dist.get_world_size()
+    _bytes.append(2 * (n - 1) * tensor.numel() * tensor.element_size() // n)
+    dist.all_reduce(tensor)
     return tensor
 '''
 
@@ -281,7 +394,40 @@ def _alone_rank(rank, p, step_fn, mine):
 setattr(_pp, "run_pipeline_" + "spec", _fake_run)
 setattr(_pp, "pipeline_spec_" + "rank", _alone_rank)
 '''
-SEPARATE = {"b06": RINGS, "a03": FAKED["a03"], "a04": FAKED["a04"]}   # tests run on the grader's own ranks
+# a05 with blank exercises: its ring-forward runner replaced by causal attention over the whole
+# sequence in one process (softmax of masked scores: nothing the lab forbids), reporting a ring's
+# bytes (with the in-process runner, whose test had no byte count, this scored test_ring_forward,
+# 4/9), and its rank function by one that attends to this rank's own keys only: on the grader's own
+# ranks each holds only its shard of q, k and v.
+FAKES_A05 = '''
+import importlib
+import torch
+
+_cp = importlib.import_module("camplib.parallel." + "context." + "r" + "un")
+
+
+def _causal(q, k, v, q_pos, k_pos):
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(torch.as_tensor(k_pos)[None, :] > torch.as_tensor(q_pos)[:, None], float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def _fake_forward(fn, q, k, v, cp, split="zigzag", timeout=30.0):
+    t = torch.arange(q.shape[2])
+    block = 2 * q[:, :, : q.shape[2] // cp].numel() * q.element_size()
+    return {"out": _causal(q, k, v, t, t), "bytes_sent": [(cp - 1) * block] * cp}
+
+
+def _alone_forward(rank, cp, fn, mine):
+    mine_pos = mine["positions"][rank]
+    return {"out": _causal(mine["q"], mine["k"], mine["v"], mine_pos, mine_pos)}
+
+
+setattr(_cp, "run_ring_" + "forward", _fake_forward)
+setattr(_cp, "forward_" + "rank", _alone_forward)
+'''
+SEPARATE = {"b06": FAKED["b06"], "a02": FAKED["a02"], "a03": FAKED["a03"], "a04": FAKED["a04"],
+            "a05": ["test_ring_forward"]}   # tests run on the grader's own ranks
 
 
 def _after_setup(nb, source):
@@ -291,17 +437,21 @@ def _after_setup(nb, source):
     return nb
 
 
-def _graded(tmp, catalog, lab):
+def _graded(tmp, catalog, lab, forbid):
+    """The fakes graded; the reference too where nothing is forbidden (with the lab's forbidden list
+    it is tests/course/test_labs.py's full marks). a05: the fake in a cell only."""
     subs, out = tmp / "submissions", tmp / "workspace"
-    write_submission(subs, "ada", lab, student_notebook(lab))
-    fakes = {"a03": FAKES_A03, "a04": FAKES_A04}.get(lab, FAKES)
+    if not forbid:
+        write_submission(subs, "ada", lab, student_notebook(lab))
+    fakes = {"a03": FAKES_A03, "a04": FAKES_A04, "a05": FAKES_A05}.get(lab, FAKES)
     write_submission(subs, "fake_in_cell", lab, _after_setup(student_notebook(lab, solve=False), fakes))
-    beside = write_submission(subs, "fake_beside", lab,
-                              _after_setup(student_notebook(lab, solve=False), "import helpers  # noqa"))
-    (beside.parent / "helpers.py").write_text(fakes)
+    if lab != "a05":
+        beside = write_submission(subs, "fake_beside", lab,
+                                  _after_setup(student_notebook(lab, solve=False), "import helpers  # noqa"))
+        (beside.parent / "helpers.py").write_text(fakes)
     if lab == "b06":
-        nb = student_notebook(lab, solve=False)
-        write_submission(subs, "shared", lab, _with_last(nb, SHARED))
+        write_submission(subs, "shared", lab, _with_last(student_notebook(lab, solve=False), SHARED))
+        write_submission(subs, "collective_rings", lab, _with_last(student_notebook(lab, solve=False), COLLECTIVE_RINGS))
     rows = {r.student: r for r in grade(subs, catalog, ROOT, out, lab, GradeOptions(jobs=1))}
     return rows, saved_results(out, catalog.get(lab).name)
 
@@ -325,33 +475,36 @@ def graded(tmp_path_factory):
     def run(lab, forbid):
         if (lab, forbid) not in runs:
             catalog = Catalog.load() if forbid else _without_forbid(Catalog.load(), lab)
-            runs[lab, forbid] = _graded(tmp_path_factory.mktemp(f"{lab}_{forbid}"), catalog, lab)
+            runs[lab, forbid] = _graded(tmp_path_factory.mktemp(f"{lab}_{forbid}"), catalog, lab, forbid)
         return runs[lab, forbid]
     return run
 
 
-# a03's and a04's fakes write into a library module, which the static scan already refuses as
+# a03's, a04's and a05's fakes write into a library module, which the static scan already refuses as
 # tampering: graded only with nothing forbidden, where the grader's own ranks are what catch them
 @pytest.mark.parametrize(("lab", "forbid"), [(lab, forbid) for lab in sorted(FAKED) for forbid in (True, False)
-                                             if not (forbid and lab in ("a03", "a04"))],
+                                             if not (forbid and lab in ("a03", "a04", "a05"))],
                          ids=lambda v: {True: "as_graded", False: "measured_only"}.get(v, v) if isinstance(v, bool) else v)
 def test_a_faked_harness_scores_nothing_and_the_reference_everything(graded, lab, forbid):
     rows, details = graded(lab, forbid)
-    assert (rows["ada"].score, rows["ada"].status) == (rows["ada"].max_score, "graded") and rows["ada"].score > 0, \
-        ([t["message"] for t in details["ada"]["tests"] if t["message"]], details["ada"].get("seed"))
+    if "ada" in rows:
+        assert (rows["ada"].score, rows["ada"].status) == (rows["ada"].max_score, "graded") and rows["ada"].score > 0, \
+            ([t["message"] for t in details["ada"]["tests"] if t["message"]], details["ada"].get("seed"))
     for student in ("fake_in_cell", "fake_beside"):
+        if student not in rows:
+            continue
         scored = {t["grade_id"]: t["score"] for t in details[student]["tests"] if t["grade_id"] in FAKED[lab]}
         assert sorted(scored) == FAKED[lab] and set(scored.values()) == {0.0}, (student, details[student]["tests"])
 
 
-@pytest.mark.parametrize("lab", sorted(FAKED))
-def test_with_nothing_forbidden_the_kernels_byte_count_is_what_catches_the_fakes(graded, lab):
+@pytest.mark.parametrize("lab", ["a02", "b06"])
+def test_with_nothing_forbidden_the_graders_own_ranks_run_the_blank_exercises(graded, lab):
+    """The faked runners are never called: each test's ranks are the grader's, where the blank
+    exercise raises (measured only: no static scan or observer verdict in the way)."""
     _, details = graded(lab, False)
     for student in ("fake_in_cell", "fake_beside"):
         for test in details[student]["tests"]:
-            if test["grade_id"] in FAKED[lab] and test["grade_id"] not in SEPARATE.get(lab, ()):
-                assert "the kernel counted" in test["message"], (student, test)
-            elif lab == "b06" and test["grade_id"] in RINGS:   # the grader's own ranks ran the blank exercise
+            if test["grade_id"] in FAKED[lab]:
                 assert "rank 0 of" in test["message"] and "not written yet" in test["message"], (student, test)
 
 
@@ -361,3 +514,13 @@ def test_rings_that_share_files_and_send_junk_score_nothing(graded, forbid):
     scored = {t["grade_id"]: (t["score"], t["message"]) for t in details["shared"]["tests"]}
     assert all(scored[g][0] == 0.0 for g in RINGS), scored
     assert all("rank" in scored[g][1] for g in RINGS), scored
+
+
+@pytest.mark.parametrize("forbid", [True, False], ids=["as_graded", "measured_only"])
+def test_rings_built_on_all_reduce_score_nothing_whatever_the_ranks_count(graded, forbid):
+    _, details = graded("b06", forbid)
+    scored = {t["grade_id"]: (t["score"], t["message"]) for t in details["collective_rings"]["tests"]}
+    assert all(scored[g][0] == 0.0 for g in RINGS), scored
+    if not forbid:   # the grader's observer saw the all-reduce (with the forbidden list, the static scan may speak first)
+        assert all("uses point-to-point messages only" in scored[g][1] and "allreduce" in scored[g][1]
+                   for g in RINGS), scored
