@@ -237,7 +237,9 @@ def make(path: str, *args: Any, **kwargs: Any):
 def separate_ranks(path: str, fn: Any, per_rank: list, timeout: float = 30.0) -> dict:
     """Run the course's rank function `path` ("camplib.dist.harness.collective_rank")
     as `rank_fn(rank, world_size, fn, per_rank[rank])` on len(per_rank) ranks, each a process
-    that receives only its own `per_rank[rank]`; camplib.dist.on_ranks' format comes back.
+    that receives only its own `per_rank[rank]`; camplib.dist.on_ranks' format comes back, plus
+    "collectives" (per rank, the torch.distributed collectives it called: in grading, what the
+    grader's observer saw, not the rank's own count).
     During grading the grader starts each rank in a sandbox of its own whose only channel to the
     others is the loopback network (autograder.grading.rank_pool): correct outputs that need
     every rank's input prove that data travelled, whatever the student's process reports. In the

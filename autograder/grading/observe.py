@@ -21,6 +21,14 @@ Two layers, both process-wide and armed before any of the student's code runs:
   call aten operators, a direct `redispatch` to a backend key: all reach these kernels.
   (No new interpreter starts: the sandbox refuses `execve`, autograder.isolation.seccomp.)
 
+In the ranks the grader starts for a distributed test (autograder.grading.rank_pool) a third
+layer reports every torch.distributed collective (`arm_collectives`: kernels on the `c10d`
+operators that every ProcessGroup call goes through, whatever name or wrapper reached them; and
+`wire_backend`: wrappers on the backend's own methods, which skip the dispatcher):
+not forbidden, but what the grader itself saw a rank call, so that "the ring uses point-to-point
+messages only" is checked on its side (`RankPool.run`'s "collectives"), with canaries on a
+one-rank group of the process's own (`collective_plan`).
+
 Every hit is written at once to `Reporter`'s socket, whose other end only the trusted grader
 holds: inherited by forked children, it cannot be read back from this side (a socket, unlike a
 pipe, cannot be reopened through /proc), so a report cannot be taken back. The grader sends
@@ -65,6 +73,33 @@ def ops_for(forbid: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
         if entries:
             mapping[op] = entries
     return mapping
+
+
+# c10d operators of the collectives (ProcessGroup's methods, hence every torch.distributed
+# collective, dispatch to them); a barrier is the course's own (camplib.dist.separate.join_and_run)
+COLLECTIVE_OPS = ("allreduce_", "allreduce_coalesced_", "broadcast_", "reduce_", "allgather_", "_allgather_base_",
+                  "allgather_coalesced_", "allgather_into_tensor_coalesced_", "reduce_scatter_",
+                  "_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_", "alltoall_", "alltoall_base_",
+                  "gather_", "scatter_")
+# the same collectives called on a backend object directly (ProcessGroupGloo's methods, which
+# skip the dispatcher): a Python wrapper on their class, c10d's Backend
+BACKEND_METHODS = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "_allgather_base",
+                   "allgather_coalesced", "reduce_scatter", "_reduce_scatter_base", "alltoall", "alltoall_base",
+                   "gather", "scatter")
+BACKEND_PREFIX = "c10d.Backend."
+COLLECTIVE_ENTRIES = tuple("c10d::" + op for op in COLLECTIVE_OPS) + tuple(BACKEND_PREFIX + m for m in BACKEND_METHODS)
+
+
+def collective_name(entry: str) -> str:
+    """"c10d::_allgather_base_" or "c10d.Backend._allgather_base" -> "_allgather_base": the
+    ProcessGroup method's name (camplib.dist.counting's names)."""
+    return entry.removeprefix(BACKEND_PREFIX).removeprefix("c10d::").removesuffix("_")
+
+
+def collective_plan() -> tuple[tuple[str, str, int], ...]:
+    """A canary for every watched collective, both layers (run on a one-rank group of the rank's own)."""
+    return tuple((entry, "backend" if entry.startswith(BACKEND_PREFIX) else "collective", 0)
+                 for entry in COLLECTIVE_ENTRIES)
 
 
 # -- reporting ----------------------------------------------------------------------------------
@@ -161,19 +196,83 @@ def arm_dispatcher(ops: dict[str, tuple[str, ...]], report) -> torch.library.Lib
     return lib
 
 
-class Observer:
-    """Both layers for one lab's forbidden list, armed for the life of this process."""
+def arm_collectives(report) -> torch.library.Library:
+    """Report-then-original kernels for the `c10d` collectives (COLLECTIVE_OPS) on every backend
+    key with a kernel. Keep the returned library alive."""
+    lib = torch.library.Library("c10d", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for op, entry in zip(COLLECTIVE_OPS, COLLECTIVE_ENTRIES):
+            for key in _runtime_keys():
+                if torch._C._dispatch_has_kernel_for_dispatch_key(entry, key):
+                    lib.impl(op, _kernel(torch.library.get_kernel(entry, key), (entry,), report), key,
+                             with_keyset=True)
+    return lib
 
-    def __init__(self, forbid: list[str], report):
+
+def wire_backend(report) -> None:
+    """Report-then-original wrappers on c10d Backend's collective methods (BACKEND_METHODS), for
+    the life of this process."""
+    from torch._C._distributed_c10d import Backend
+    for method in BACKEND_METHODS:
+        original, message = getattr(Backend, method), (BACKEND_PREFIX + method,)
+
+        def wrapper(self, *args, _original=original, _message=message, **kwargs):
+            report(_message)
+            return _original(self, *args, **kwargs)
+        setattr(Backend, method, wrapper)
+
+
+def _solo_group():
+    """A one-rank gloo group of this process's own (no store to join, no default group needed)."""
+    from torch._C._distributed_c10d import HashStore, ProcessGroup, ProcessGroupGloo
+    store = HashStore()
+    group = ProcessGroup(store, 0, 1)
+    group._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, ProcessGroupGloo(store, 0, 1))
+    group._set_default_backend(ProcessGroup.BackendType.GLOO)
+    return group
+
+
+def _collective_canary(group, entry: str, x: torch.Tensor) -> None:
+    """Call the collective `entry` on a one-rank `group` through ProcessGroup (hence its c10d operator)."""
+    out = torch.empty_like(x)
+    calls = {"allreduce_": lambda: group.allreduce([x]), "allreduce_coalesced_": lambda: group.allreduce_coalesced([x]),
+             "broadcast_": lambda: group.broadcast([x]), "reduce_": lambda: group.reduce([x]),
+             "allgather_": lambda: group.allgather([[out]], [x]),
+             "_allgather_base_": lambda: group._allgather_base(out, x),
+             "allgather_coalesced_": lambda: group.allgather_coalesced([[out]], [x]),
+             "allgather_into_tensor_coalesced_": lambda: group.allgather_into_tensor_coalesced([out], [x]),
+             "reduce_scatter_": lambda: group.reduce_scatter([out], [[x]]),
+             "_reduce_scatter_base_": lambda: group._reduce_scatter_base(out, x),
+             "reduce_scatter_tensor_coalesced_": lambda: group.reduce_scatter_tensor_coalesced([out], [x]),
+             "alltoall_": lambda: group.alltoall([out], [x]), "alltoall_base_": lambda: group.alltoall_base(out, x, [], []),
+             "gather_": lambda: group.gather([[out]], [x]), "scatter_": lambda: group.scatter([out], [[x]])}
+    calls[entry.removeprefix("c10d::") if entry.startswith("c10d::") else entry.removeprefix(BACKEND_PREFIX) + "_"]().wait()
+
+
+class Observer:
+    """Both layers for one lab's forbidden list, armed for the life of this process (and, with
+    `collectives`, the collectives' layer of a rank's sandbox)."""
+
+    def __init__(self, forbid: list[str], report, collectives: bool = False):
         self.report = report
         self.tripwires = Tripwires(runtime_entries(forbid), report)
         self.library = arm_dispatcher(ops_for(tuple(forbid)), report)
+        self.collectives = arm_collectives(report) if collectives else None
+        if collectives:
+            wire_backend(report)
+        self._group = None
 
     def canary(self, plan: list, seed: int) -> None:
         """Run each planned canary call as the student's code would; the reports they make go to
         the grader on the channel (nothing this process says about them is believed)."""
         for entry, way, index in plan:
             try:
+                if way in ("collective", "backend"):
+                    self._group = self._group or _solo_group()
+                    target = self._group if way == "collective" else self._group._get_backend(torch.device("cpu"))
+                    _collective_canary(target, entry, canary_args(0, seed)[0].clone())
+                    continue
                 fn = _canary_target(entry, way, self.tripwires)
                 _canary_call(fn, canary_args(index, seed))
             except Exception:
@@ -253,10 +352,10 @@ def canary_plan(forbid: tuple[str, ...]) -> tuple[tuple[str, str, int], ...]:
     return tuple(plan)
 
 
-def arm(forbid: list[str], report_fd: int | None) -> Observer:
+def arm(forbid: list[str], report_fd: int | None, collectives: bool = False) -> Observer:
     """The student process's observer, reporting on the inherited descriptor `report_fd`."""
-    return Observer(forbid, Reporter(report_fd))
+    return Observer(forbid, Reporter(report_fd), collectives)
 
 
-__all__ = ["Observer", "Reporter", "arm", "arm_dispatcher", "canary_plan", "ops_for", "read_reports",
-           "report_channel"]
+__all__ = ["COLLECTIVE_ENTRIES", "Observer", "Reporter", "arm", "arm_collectives", "arm_dispatcher", "canary_plan",
+           "collective_name", "collective_plan", "ops_for", "read_reports", "report_channel"]

@@ -11,7 +11,9 @@ in it, and its forbidden-API observer checked with canaries as the main one is. 
 hands rank r its own `per_rank[r]` over that rank's own wire and asks it to join the process
 group (camplib.dist.separate.join_and_run); the loopback network is the only channel between
 ranks, so outputs that depend on every rank's input prove that data travelled, and the bytes
-the grader counts on that network (Sandbox.loopback_bytes) bound how much.
+the grader counts on that network (Sandbox.loopback_bytes) bound how much. Each rank's observer
+also reports every torch.distributed collective it calls (autograder.grading.observe), so the
+"collectives" a run returns are the grader's own observation, not the rank's count.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import secrets
 import threading
 
 from ..isolation.sandbox import Sandbox, StudentCrashed
+from .observe import COLLECTIVE_ENTRIES, collective_name, collective_plan
 from .remote import RemoteObject, Session, StudentError
 
 JOIN = "camplib.dist.separate.join_and_run"
@@ -37,6 +40,7 @@ class RankPool:
         self._port = 20000 + secrets.randbelow(20000)
         self._used = 0          # ranks the current test ran on (their observers are checked at its end)
         self._found = ""        # a verdict from ranks closed during the test (crashed or timed out)
+        self._held: dict[int, tuple[set, bool]] = {}   # rank -> (forbidden reports, sound) read during the test
 
     def _ensure(self, n: int) -> None:
         """Rank sandboxes 0..n-1, the missing ones started side by side (each replays the cells)."""
@@ -83,6 +87,7 @@ class RankPool:
             return call
 
         errors = _side_by_side([one(r) for r in range(n)], every=True)
+        collectives = [self._collectives(r) for r in range(n)]
         if any(self.ranks[r].sandbox.proc is None for r in range(n)):   # crashed or timed out:
             self._found = self._found or self._observers(canaries=False)  # what they reported first,
             self.close()                                                  # fresh ones next time
@@ -93,22 +98,37 @@ class RankPool:
         out = {key: [reply["returned"][key] for reply in replies] for key in replies[0]["returned"]}
         out["bytes_sent"] = [reply["bytes_sent"] for reply in replies]
         out["calls"] = [reply["calls"] for reply in replies]
+        out["collectives"] = collectives
         return out
+
+    def _collectives(self, r: int) -> list[str]:
+        """The collectives rank r's observer reported since the last read (ProcessGroup names,
+        sorted); its other reports are kept for the test's verdict."""
+        sandbox = self.ranks[r].sandbox
+        if sandbox.reports is None:
+            return []
+        hits, sound = sandbox.read_reports()
+        held, was_sound = self._held.get(r, (set(), True))
+        self._held[r] = (held | (hits - set(COLLECTIVE_ENTRIES)), was_sound and sound)
+        return sorted(collective_name(e) for e in hits & set(COLLECTIVE_ENTRIES))
 
     def verdict(self) -> str:
         """At the end of a test: why the observers of the ranks it ran on convict it (a forbidden
         call on a rank) or cannot be believed (their channel or canaries failed); "" when they pass."""
         found = self._found or self._observers(canaries=True)
-        self._used, self._found = 0, ""
+        self._used, self._found, self._held = 0, "", {}
         return found
 
     def _observers(self, canaries: bool) -> str:
         for r, student in enumerate(self.ranks[:self._used]):
             alive = student.sandbox.proc is not None and student.sandbox.proc.poll() is None
             hits, sound = student.sandbox.read_reports() if student.sandbox.reports is not None else (set(), True)
+            held, held_sound = self._held.get(r, (set(), True))
+            hits, sound = (hits | held) - set(COLLECTIVE_ENTRIES), sound and held_sound
             if hits:
                 return f"your code called {', '.join(sorted(hits))} on rank {r}, which this lab forbids"
-            failed = self.observer_failed(student, self.plan, sound) if alive and canaries else ""
+            plan = [*self.plan, *(list(item) for item in collective_plan())]
+            failed = self.observer_failed(student, plan, sound) if alive and canaries else ""
             if failed:
                 return f"rank {r}: {failed}"
         return ""

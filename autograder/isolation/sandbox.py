@@ -225,9 +225,9 @@ def namespaces_available() -> bool:
     return sandbox_problem() is None
 
 
-def _seccomp_pipe() -> int:
+def _seccomp_pipe(unix_sockets: bool = True) -> int:
     read_fd, write_fd = os.pipe()
-    os.write(write_fd, seccomp.filter_program())
+    os.write(write_fd, seccomp.filter_program(unix_sockets=unix_sockets))
     os.close(write_fd)
     return read_fd
 
@@ -262,7 +262,8 @@ class Sandbox:
     `net_of`: a started sandbox whose network namespace this one joins, sharing nothing else
     (its own files, /tmp, /dev/shm, IPC, PID namespace and leased uid): the ranks the grader
     starts for a distributed test (autograder.grading.rank_pool) talk over that loopback network
-    only, and its count (`loopback_bytes`) includes them."""
+    only (no Unix sockets, whose abstract names the namespace shares: autograder.isolation.seccomp),
+    and its count (`loopback_bytes`) includes them."""
 
     def __init__(self, staging: Path, *, isolation: str, uid: int | None = None, limits: Limits = Limits(),
                  forbid: list[str] = (), threads: int = 1, log: Path | None = None,
@@ -293,16 +294,18 @@ class Sandbox:
     def _runner(self) -> list[str]:
         # no new program may start in the sandbox; outside one (a student's own `camp check`) where the kernel allows
         no_exec = "required" if self.isolation != "none" else "try" if seccomp.supported() else None
-        config = {"forbid": self.forbid, "report_fd": self._report_fd, "no_exec": no_exec}
+        config = {"forbid": self.forbid, "report_fd": self._report_fd, "no_exec": no_exec,
+                  "collectives": self.net_of is not None}   # a rank reports its collectives (observe.py)
         return python_module("autograder.isolation.student_process", json.dumps(config))
 
     def read_reports(self) -> tuple[set[str], bool]:
-        """(forbidden entries the student's process reported since the last read, whether the
-        channel is still sound: every message a report, the student's end still open)."""
-        from ..grading.observe import read_reports
+        """(forbidden entries the student's process reported since the last read, and a rank's
+        collectives, observe.COLLECTIVE_ENTRIES; whether the channel is still sound: every message
+        a report, the student's end still open)."""
+        from ..grading.observe import COLLECTIVE_ENTRIES, read_reports
         if self.reports is None:
             return set(), False
-        return read_reports(self.reports, self.forbid)
+        return read_reports(self.reports, self.forbid + list(COLLECTIVE_ENTRIES if self.net_of is not None else ()))
 
     def command(self, seccomp_fd: int) -> list[str]:
         lim = self.limits
@@ -370,7 +373,7 @@ class Sandbox:
             if self.net_of._net_ns is None:
                 raise StudentCrashed("the sandbox whose network this one joins is not running")
             net_ns = self.net_of._net_ns
-        seccomp_fd = _seccomp_pipe()
+        seccomp_fd = _seccomp_pipe(unix_sockets=self.net_of is None)   # a rank: no Unix sockets (seccomp says why)
         try:
             self.proc = subprocess.Popen(self.command(seccomp_fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=log_fd, cwd="/", env=sandbox_env(Path(WORK), Path("/tmp"), self.threads),

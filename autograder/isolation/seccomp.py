@@ -11,7 +11,13 @@ profile does:
 - kernel keyrings (`add_key`, `keyctl`, `request_key`): a uid's keyring would outlive the
   sandbox and reach the next submission graded with the same uid;
 - `bpf`, `perf_event_open`, `userfaultfd`: kernel attack surface no lab needs;
-- any other architecture's system calls (i386, x32 on x86-64): the process is killed.
+- any other architecture's system calls (i386, x32 on x86-64): the process is killed;
+- in the ranks the grader starts for a distributed test (`filter_program(unix_sockets=False)`,
+  autograder.grading.rank_pool), new AF_UNIX sockets: EPERM. Those sandboxes share one network
+  namespace, and with it the abstract Unix-socket namespace: a channel between ranks that never
+  touches the loopback interface whose bytes the grader counts. Sockets, not addresses, are
+  refused (a filter cannot read a sockaddr behind a pointer); gloo and torch.distributed's
+  TCPStore use TCP only, and the observer's channel is inherited already open.
 
 A second filter (`forbid_exec`), which the student's process installs on itself once it is up
 and before any of the student's code runs: `execve`/`execveat` fail with EPERM, in that process,
@@ -36,13 +42,14 @@ X32_SYSCALL_BIT = 0x40000000
 _ARCHES = {
     "x86_64": (0xC000003E, {"unshare": 272, "clone": 56, "clone3": 435, "add_key": 248, "request_key": 249,
                             "keyctl": 250, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
-                            "execve": 59, "execveat": 322, "seccomp": 317}),
+                            "execve": 59, "execveat": 322, "seccomp": 317, "socket": 41}),
     "aarch64": (0xC00000B7, {"unshare": 97, "clone": 220, "clone3": 435, "add_key": 217, "request_key": 218,
                              "keyctl": 219, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
-                             "execve": 221, "execveat": 281, "seccomp": 277}),
+                             "execve": 221, "execveat": 281, "seccomp": 277, "socket": 198}),
 }
 DENIED = ("add_key", "request_key", "keyctl", "bpf", "perf_event_open", "userfaultfd")
 NO_NEW_USER_NAMESPACE = ("unshare", "clone")   # flags in the first argument
+AF_UNIX = 1
 
 
 def _stmt(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
@@ -60,8 +67,9 @@ def supported() -> bool:
     return platform.machine() in _ARCHES
 
 
-def filter_program(machine: str | None = None) -> bytes:
-    """The BPF program (bytes of `struct sock_filter`) for this machine's architecture."""
+def filter_program(machine: str | None = None, unix_sockets: bool = True) -> bytes:
+    """The BPF program (bytes of `struct sock_filter`) for this machine's architecture;
+    `unix_sockets` False: `socket(AF_UNIX, ...)` refused too (a rank's sandbox)."""
     arch, calls = _ARCHES[machine or platform.machine()]
     prog = [_stmt(LD_ABS, 4),                          # seccomp_data.arch
             _stmt(JEQ, arch, jt=1),
@@ -76,6 +84,12 @@ def filter_program(machine: str | None = None) -> bytes:
         prog += [_stmt(JEQ, calls[name], jf=4),
                  _stmt(LD_ABS, 16),                    # low 32 bits of the first argument (flags)
                  _stmt(JSET, CLONE_NEWUSER, jf=1),
+                 _stmt(RET, _errno(errno.EPERM)),
+                 _stmt(RET, RET_ALLOW)]
+    if not unix_sockets:
+        prog += [_stmt(JEQ, calls["socket"], jf=4),
+                 _stmt(LD_ABS, 16),                    # low 32 bits of the first argument (the domain)
+                 _stmt(JEQ, AF_UNIX, jf=1),
                  _stmt(RET, _errno(errno.EPERM)),
                  _stmt(RET, RET_ALLOW)]
     prog.append(_stmt(RET, RET_ALLOW))

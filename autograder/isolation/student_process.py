@@ -28,10 +28,10 @@ MAX_TRACEBACK = 4000
 
 
 class Runner:
-    def __init__(self, forbid: list[str], report_fd: int | None = None):
+    def __init__(self, forbid: list[str], report_fd: int | None = None, collectives: bool = False):
         from ..grading.observe import arm
 
-        self.observer = arm(forbid, report_fd)
+        self.observer = arm(forbid, report_fd, collectives)
         self.handles: dict[int, object] = {}
         from IPython.core.interactiveshell import InteractiveShell
 
@@ -179,7 +179,7 @@ def main() -> None:
             if config["no_exec"] == "required":
                 raise   # the process ends here, before the student's code: a grader error, retried
 
-    runner = Runner(config.get("forbid", []), config.get("report_fd"))
+    runner = Runner(config.get("forbid", []), config.get("report_fd"), bool(config.get("collectives")))
     write_message(proto_out, {"ok": True, "ready": True})
     while True:
         try:

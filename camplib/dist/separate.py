@@ -5,9 +5,12 @@ correct output proves that data travelled between the ranks.
     out = on_separate_ranks("camplib.dist.harness.collective_rank", fn, per_rank)
 
 gives on_ranks' format ({key: [per rank], "bytes_sent": [...], "calls": [...]}) of
-`rank_fn(rank, world_size, fn, per_rank[rank])` on len(per_rank) ranks. Here (a notebook, a
-test) the ranks are forked by `on_ranks`; during grading the grader starts one sandbox per rank,
-each joining the process group with `join_and_run` and receiving its own `per_rank[rank]` only.
+`rank_fn(rank, world_size, fn, per_rank[rank])` on len(per_rank) ranks, plus "collectives": per
+rank, the sorted names of the torch.distributed collectives called (barriers aside). Here (a
+notebook, a test) the ranks are forked by `on_ranks` and "collectives" comes from their counts;
+during grading the grader starts one sandbox per rank, each joining the process group with
+`join_and_run` and receiving its own `per_rank[rank]` only, and "collectives" is what the grader
+saw each rank call (autograder.grading.rank_pool).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .counting import COLLECTIVES
 from .ranks import _measured, on_ranks
 
 __all__ = ["on_separate_ranks", "join_and_run", "rank_function"]
@@ -37,7 +41,9 @@ def _pick(rank: int, world_size: int, rank_fn, fn, per_rank: list):
 
 def on_separate_ranks(path: str, fn, per_rank: list, backend: str | None = "gloo", timeout: float = 60.0) -> dict:
     """`rank_function(path)(rank, world_size, fn, per_rank[rank])` on len(per_rank) forked ranks."""
-    return on_ranks(_pick, len(per_rank), rank_function(path), fn, list(per_rank), backend=backend, timeout=timeout)
+    out = on_ranks(_pick, len(per_rank), rank_function(path), fn, list(per_rank), backend=backend, timeout=timeout)
+    out["collectives"] = [sorted(op for op in calls if op in COLLECTIVES and op != "barrier") for calls in out["calls"]]
+    return out
 
 
 def join_and_run(path: str, fn, rank: int, world_size: int, port: int, mine, timeout: float = 30.0) -> dict:

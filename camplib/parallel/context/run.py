@@ -5,6 +5,10 @@ joined back, so the caller compares with full attention directly.
 
 Measured per rank: the largest tensor any op created during forward and backward (the attention
 memory that matters: full attention's is the (T x T) scores), and the bytes sent.
+
+The grader runs a05's ring forward on ranks it starts itself (autograder.checks.separate_ranks),
+each holding only its own shard of q, k and v: `forward_inputs` / `forward_rank`, joined by
+`joined_forward`.
 """
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ from camplib.dist import in_child, on_ranks
 from camplib.parallel.context.ring import Ring, join_sequence, split_positions, split_sequence
 from camplib.parallel.tensor.layers import largest_new_tensor
 
-__all__ = ["run_ring_attention", "run_ring_forward", "largest_full_attention_bytes"]
+__all__ = ["run_ring_attention", "run_ring_forward", "largest_full_attention_bytes", "forward_inputs", "forward_rank",
+           "joined_forward"]
 
 
 def _backward(out: torch.Tensor, grad_out: torch.Tensor) -> None:
@@ -65,10 +70,24 @@ def _largest_full_attention_bytes(fn, q, k, v, grad_out) -> int:
 
 
 def _forward_rank(rank, cp, fn, q, k, v, split):
+    return forward_rank(rank, cp, fn, forward_inputs(q, k, v, cp, split)[rank])
+
+
+def forward_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: int, split: str = "zigzag") -> list[dict]:
+    """What `forward_rank` gets on each of cp ranks: its own `split` shard of q, k and v, and every
+    rank's global positions. A rank's causal output needs the keys and values of the positions
+    before its own, which other ranks hold (zig-zag: every rank's; contiguous: all but rank 0's)."""
     positions = [split_positions(q.shape[2], r, cp, split) for r in range(cp)]
-    local = [split_sequence(t, rank, cp, split) for t in (q, k, v)]
+    return [{"q": split_sequence(q, r, cp, split).clone(), "k": split_sequence(k, r, cp, split).clone(),
+             "v": split_sequence(v, r, cp, split).clone(), "positions": positions} for r in range(cp)]
+
+
+def forward_rank(rank: int, cp: int, fn, mine: dict) -> dict:
+    """One rank of `run_ring_forward` holding only its `forward_inputs`: what
+    autograder.checks.separate_ranks hands each rank."""
+    local = [mine[key] for key in ("q", "k", "v")]
     with torch.no_grad():
-        out = fn(*local, positions, Ring())
+        out = fn(*local, mine["positions"], Ring())
     if not isinstance(out, torch.Tensor) or out.shape != local[0].shape:
         raise ValueError(f"the ring attention on rank {rank} returned "
                          f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}, "
@@ -81,5 +100,10 @@ def run_ring_forward(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: 
     """`fn(q_shard, k_shard, v_shard, positions, ring)` on cp ranks (lab a05's exercise: the
     forward of ring attention): positions[r] are rank r's global positions, `ring` a
     `camplib.parallel.context.ring.Ring`. Returns the joined "out", and "bytes_sent" per rank."""
-    got = on_ranks(_forward_rank, cp, fn, q, k, v, split, timeout=timeout, run_timeout=10 * timeout)
+    return joined_forward(on_ranks(_forward_rank, cp, fn, q, k, v, split, timeout=timeout, run_timeout=10 * timeout),
+                          split)
+
+
+def joined_forward(got: dict, split: str = "zigzag") -> dict:
+    """on_ranks' format of `forward_rank` -> the joined "out" and "bytes_sent" per rank."""
     return {"out": join_sequence(got["out"], split), "bytes_sent": got["bytes_sent"]}

@@ -11,6 +11,10 @@ The ranks' models live on the CPU and talk over gloo (one GPU cannot host severa
 camplib's own ZeroAdamW (and its ring and memory accounting) is imported only by the runner that
 trains it: lab a02's tests hand the student's optimizer to the others, and a lab's sandbox
 leaves out the modules the lab forbids (autograder.isolation.course_tree).
+
+The grader runs a02's tests on ranks it starts itself (autograder.checks.separate_ranks), each
+holding only its own rows of every batch: `optimizer_inputs` / `optimizer_rank` and
+`shard_inputs` / `shard_rank`.
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ from camplib.parallel.model_specs import batch_loss, build_model
 from camplib.parallel.reference import make_data
 
 __all__ = ["build_model", "batch_loss", "make_data", "train_zero_on_ranks", "train_optimizer_on_ranks",
-           "gradient_shards_on_ranks", "tensor_bytes", "reachable_tensor_bytes"]
+           "gradient_shards_on_ranks", "tensor_bytes", "reachable_tensor_bytes", "optimizer_inputs", "optimizer_rank",
+           "shard_inputs", "shard_rank"]
 
 def tensor_bytes(tensors) -> int:
     """Bytes of the distinct storages behind `tensors` (None and freed ones hold nothing)."""
@@ -68,13 +73,20 @@ def _global_loss(loss: torch.Tensor, world_size: int) -> float:
     return total.item() / world_size
 
 
-def _train(rank, world_size, model, opt, model_spec, data, steps, record_history) -> dict:
+def _own_rows(data: dict, rank: int, world_size: int) -> dict:
+    """Rank `rank`'s rows of every batch of `data` (reference's format, steps first)."""
+    return {k: torch.stack([batch.chunk(world_size)[rank] for batch in data[k]]) for k in ("x", "y")}
+
+
+def _train(rank, world_size, model, opt, model_spec, data, steps, record_history, own_rows=False) -> dict:
     """The training loop on one rank: per step zero_grad (the optimizer's, else the model's),
-    forward, backward, step(), with the bytes sent and the calls made in them counted."""
+    forward, backward, step(), with the bytes sent and the calls made in them counted. `own_rows`:
+    `data` holds this rank's rows only (`_own_rows`), else every rank's."""
     device = next(model.parameters()).device
     out = {"losses": [], "bytes_per_step": [], "calls_per_step": [], "history": []}
     for s in range(steps):
-        x, y = (data[k][s].chunk(world_size)[rank].to(device) for k in ("x", "y"))
+        x, y = (data[k][s] if own_rows else data[k][s].chunk(world_size)[rank] for k in ("x", "y"))
+        x, y = x.to(device), y.to(device)
         zero_grad = getattr(opt, "zero_grad", None)
         zero_grad() if callable(zero_grad) else model.zero_grad(set_to_none=True)
         with count_bytes() as step:
@@ -150,7 +162,7 @@ def train_zero_on_ranks(stage: int, world_size: int, model_spec: dict, data: dic
 
 
 def _optimizer_rank(rank, world_size, optimizer_cls, model_spec, data, steps, hyper, average_gradients,
-                    record_history):
+                    record_history, own_rows=False):
     model = build_model(model_spec)
     opt = optimizer_cls(model.parameters(), **hyper)
     if average_gradients:          # what DDP would do around an optimizer that expects averaged grads
@@ -159,7 +171,7 @@ def _optimizer_rank(rank, world_size, optimizer_cls, model_spec, data, steps, hy
             param.grad.div_(world_size)
         for p in model.parameters():
             p.register_post_accumulate_grad_hook(average)
-    out = _train(rank, world_size, model, opt, model_spec, data, steps, record_history)
+    out = _train(rank, world_size, model, opt, model_spec, data, steps, record_history, own_rows)
     out["grad_bytes_held"] = tensor_bytes(p.grad for p in model.parameters())
     model_tensors = [t for p in model.parameters() for t in (p, p.grad)]
     out["state_bytes_held"] = reachable_tensor_bytes(opt, exclude=model_tensors)
@@ -181,9 +193,39 @@ def train_optimizer_on_ranks(optimizer_cls, world_size: int, model_spec: dict, d
                     average_gradients, record_history, backend="gloo", timeout=timeout)
 
 
+def optimizer_inputs(world_size: int, model_spec: dict, data: dict, steps: int, hyper: dict | None = None,
+                     average_gradients: bool = False, record_history: bool = False, timeout: float = 120.0
+                     ) -> list[dict]:
+    """What `optimizer_rank` gets on each rank for `train_optimizer_on_ranks`' run: the spec and
+    the rank's own rows of every batch, nothing of another rank's rows."""
+    return [{"spec": dict(model_spec), "data": _own_rows(data, rank, world_size), "steps": steps,
+             "hyper": dict(hyper or {}), "average_gradients": average_gradients, "record_history": record_history}
+            for rank in range(world_size)]
+
+
+def optimizer_rank(rank: int, world_size: int, optimizer_cls, mine: dict) -> dict:
+    """One rank of `train_optimizer_on_ranks` holding only its `optimizer_inputs`: what
+    autograder.checks.separate_ranks hands each rank."""
+    return _optimizer_rank(rank, world_size, optimizer_cls, mine["spec"], mine["data"], mine["steps"], mine["hyper"],
+                           mine["average_gradients"], mine["record_history"], own_rows=True)
+
+
 def _shard_rank(rank, world_size, fn, model_spec, data):
+    return shard_rank(rank, world_size, fn, {"spec": model_spec, "data": _own_rows(data, rank, world_size)})
+
+
+def shard_inputs(world_size: int, model_spec: dict, data: dict) -> list[dict]:
+    """What `shard_rank` gets on each rank: the spec and the rank's own rows of batch 0."""
+    return [{"spec": dict(model_spec), "data": _own_rows({k: data[k][:1] for k in ("x", "y")}, rank, world_size)}
+            for rank in range(world_size)]
+
+
+def shard_rank(rank: int, world_size: int, fn, mine: dict) -> dict:
+    """One rank of `gradient_shards_on_ranks` holding only its `shard_inputs`: one backward on its
+    rows, then `fn(params)`."""
+    model_spec = mine["spec"]
     model = build_model(model_spec)
-    x, y = (data[k][0].chunk(world_size)[rank] for k in ("x", "y"))
+    x, y = mine["data"]["x"][0], mine["data"]["y"][0]
     batch_loss(model, model_spec, x, y).backward()     # no communication: "calls" are fn's
     shard = fn(list(model.parameters()))
     return {"shards": shard, "grads_left": [n for n, p in model.named_parameters() if p.grad is not None]}

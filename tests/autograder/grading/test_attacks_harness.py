@@ -1,24 +1,30 @@
 """Distributed labs: the course's runners (camplib.dist.harness, camplib.parallel.data.run,
-zero.run) run in the student's process, so what they report is the student's answer, never
-evidence. b06 and a02 submissions with blank exercises replace those runners with fakes that
-compute every answer in one process and report the bytes and calls a ring, DataParallel or ZeRO
-would have produced: from a notebook cell through names computed at run time, and from a .py file
+zero.run) run in the student's process, so what they report is the student's answer,
+never evidence. Submissions with blank exercises replace those runners with fakes that compute
+every answer in one process and report the bytes and calls a ring, DataParallel or ZeRO would
+have produced: from a notebook cell through names computed at run time, and from a .py file
 beside the notebook. The tests check what the grader measures itself (the bytes the kernel
-counted on the sandbox's own loopback network), so the fakes score 0 on every distributed test
-while the reference keeps full marks.
+counted on the sandbox's own loopback network), so the fakes score 0 on those tests (fakes that
+also put junk of that size on the loopback would score b06's broadcast and DataParallel and
+a02's two tests: not closed yet).
 
-b06's ring exercises, a03's three and a04's step loop run on ranks the grader starts, each in a sandbox of its own
-that holds only its own input (autograder.grading.rank_pool): a fake runner is never called
-there, and a fake rank function knows too little (FAKES_A03, FAKES_A04). SHARED is the
+b06's rings, a03's three tests and a04's step loop run on ranks the grader starts, each in a
+sandbox of its own that holds only its own input (autograder.grading.rank_pool): a fake runner
+is never called there, and a fake rank function knows too little (FAKES_A03, FAKES_A04). SHARED is the
 attack on a byte lower bound: ring exercises that compute every result from the other ranks'
-inputs read through files in /dev/shm and /tmp (no network), and send junk of exactly the ring's
-size to the ring's neighbours, so that the bytes the ranks report and the kernel counts are a
-ring's. With ranks forked from the student's process (the course's harness before this) it
-scored both ring tests (4/8 with blank other exercises); with the network as the only channel
-between ranks it scores 0.
+inputs read through files in /dev/shm and /tmp and through abstract Unix sockets (no loopback
+traffic), and send junk of exactly the ring's size to the ring's neighbours, so that the bytes
+the ranks report and the kernel counts are a ring's. With ranks forked from the student's
+process (the course's harness before rank sandboxes) it scored both ring tests (4/8 with blank
+other exercises), and so it did on rank sandboxes through the abstract sockets their shared
+network namespace holds; with no Unix sockets in a rank's sandbox (autograder.isolation.seccomp)
+the loopback network is the only channel between ranks and it scores 0. COLLECTIVE_RINGS builds
+the rings on dist.all_reduce and doctors each rank's own count of its calls (4/8 when the
+"point-to-point only" rule read that count); the grader's observer sees the all-reduce: 0.
 
-Graded twice: with the lab's forbidden list, as `camp grade` does, and with none at all, so that
-the score comes from the trusted measurement alone (no static scan or observer verdict).
+Graded twice: with the lab's forbidden list, as `camp grade` does (the fakes only: the reference's
+full marks are tests/course/test_labs.py's), and with none at all, so that the score comes from
+the trusted measurement alone (no static scan or observer verdict).
 Needs root and bubblewrap (the sandbox); skipped elsewhere with that reason.
 """
 import dataclasses
@@ -132,7 +138,10 @@ setattr(_train, "train_on_" + "ranks", _fake_train)
 
 RINGS = ["test_ring_all_reduce", "test_ring_reduce_scatter"]
 SHARED = '''
+import io
 import os
+import socket
+import threading
 import time
 
 import torch
@@ -149,19 +158,51 @@ def _ring_junk(nbytes):
         req.wait()
 
 
+def _serve(server, data, times):
+    for _ in range(times):
+        peer, _ = server.accept()
+        peer.sendall(data)
+        peer.close()
+
+
+def _fetch(address):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(address)
+        return torch.load(io.BytesIO(b"".join(iter(lambda: s.recv(1 << 16), b""))))
+
+
 def _everyones(tensor):
-    """Every rank's tensor, through files (no network): rank order."""
+    """Every rank's tensor, without the counted network: through files, and through abstract Unix
+    sockets (named in the network namespace, not the file system). Rank order."""
     r, n = dist.get_rank(), dist.get_world_size()
-    key = (os.environ.get("MASTER_PORT", "0"), tensor.numel(), str(tensor.dtype))
+    key = (n, tensor.numel(), str(tensor.dtype))
     _runs[key] = _runs.get(key, 0) + 1
     name = "_".join(map(str, (*key, _runs[key]))).replace("torch.", "")
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
     for folder in ("/dev/shm", "/tmp"):
-        torch.save(tensor, f"{folder}/{name}_{r}.part")
+        with open(f"{folder}/{name}_{r}.part", "wb") as f:
+            f.write(buffer.getvalue())
         os.replace(f"{folder}/{name}_{r}.part", f"{folder}/{name}_{r}.pt")
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and not all(os.path.exists(f"/tmp/{name}_{k}.pt") for k in range(n)):
+    try:
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(f"\\0{name}_{r}")
+        server.listen(n)
+        threading.Thread(target=_serve, args=(server, buffer.getvalue(), n - 1), daemon=True).start()
+    except OSError:
+        pass
+    got, deadline = {r: tensor}, time.monotonic() + 5
+    while time.monotonic() < deadline and len(got) < n:
+        for k in set(range(n)) - set(got):
+            if os.path.exists(f"/tmp/{name}_{k}.pt"):
+                got[k] = torch.load(f"/tmp/{name}_{k}.pt")
+                continue
+            try:
+                got[k] = _fetch(f"\\0{name}_{k}")
+            except OSError:
+                pass
         time.sleep(0.01)
-    return [torch.load(f"/tmp/{name}_{k}.pt") for k in range(n)]
+    return [got[k] for k in range(n)]
 
 
 def ring_reduce_scatter(flat, group=None):
@@ -180,6 +221,57 @@ def ring_all_reduce(tensor, group=None):
     n, size = dist.get_world_size(), tensor.numel() * tensor.element_size()
     _ring_junk(2 * (n - 1) * size // n)
     tensor.copy_(torch.stack(_everyones(tensor)).sum(0))
+    return tensor
+'''
+
+
+# b06's rings built on torch's collectives (all_reduce: a ring's bytes on the wire, right results),
+# with the rank's own count of its calls doctored where the course measures it (the function that
+# runs a rank function inside count_bytes, in the rank's process): it reports sends and a ring's
+# bytes. The rings' tests judged the rule "point-to-point only" from that count and scored it
+# (4/8); they now judge it from what the grader's observer saw each rank call.
+COLLECTIVE_RINGS = '''
+import importlib
+
+import torch
+import torch.distributed as dist
+
+_sep = importlib.import_module("camplib.dist." + "sep" + "arate")
+_measured = getattr(_sep, "_meas" + "ured")
+
+
+def _as_a_ring(rank, world_size, rank_fn, args):
+    out = _measured(rank, world_size, rank_fn, args)
+    out["calls"] = {"send": world_size - 1, "recv": world_size - 1}
+    out["bytes_sent"] = _bytes.pop() if _bytes else 0
+    return out
+
+
+_bytes = []
+setattr(_sep, "_meas" + "ured", _as_a_ring)
+
+
+def ring_reduce_scatter(flat, group=None):
+    n = dist.get_world_size()
+    _bytes.append((n - 1) * flat.numel() * flat.element_size() // n)
+    total = flat.clone()
+    dist.all_reduce(total)
+    return total.chunk(n)[dist.get_rank()].clone()
+
+
+def ring_all_gather(chunk, group=None):
+    n = dist.get_world_size()
+    _bytes.append((n - 1) * chunk.numel() * chunk.element_size())
+    parts = torch.zeros(n, *chunk.shape, dtype=chunk.dtype)
+    parts[dist.get_rank()] = chunk
+    dist.all_reduce(parts)
+    return parts.reshape(-1, *chunk.shape[1:])
+
+
+def ring_all_reduce(tensor, group=None):
+    n = dist.get_world_size()
+    _bytes.append(2 * (n - 1) * tensor.numel() * tensor.element_size() // n)
+    dist.all_reduce(tensor)
     return tensor
 '''
 
@@ -291,17 +383,20 @@ def _after_setup(nb, source):
     return nb
 
 
-def _graded(tmp, catalog, lab):
+def _graded(tmp, catalog, lab, forbid):
+    """The fakes graded; the reference too where nothing is forbidden (with the lab's forbidden list
+    it is tests/course/test_labs.py's full marks)."""
     subs, out = tmp / "submissions", tmp / "workspace"
-    write_submission(subs, "ada", lab, student_notebook(lab))
+    if not forbid:
+        write_submission(subs, "ada", lab, student_notebook(lab))
     fakes = {"a03": FAKES_A03, "a04": FAKES_A04}.get(lab, FAKES)
     write_submission(subs, "fake_in_cell", lab, _after_setup(student_notebook(lab, solve=False), fakes))
     beside = write_submission(subs, "fake_beside", lab,
                               _after_setup(student_notebook(lab, solve=False), "import helpers  # noqa"))
     (beside.parent / "helpers.py").write_text(fakes)
     if lab == "b06":
-        nb = student_notebook(lab, solve=False)
-        write_submission(subs, "shared", lab, _with_last(nb, SHARED))
+        write_submission(subs, "shared", lab, _with_last(student_notebook(lab, solve=False), SHARED))
+        write_submission(subs, "collective_rings", lab, _with_last(student_notebook(lab, solve=False), COLLECTIVE_RINGS))
     rows = {r.student: r for r in grade(subs, catalog, ROOT, out, lab, GradeOptions(jobs=1))}
     return rows, saved_results(out, catalog.get(lab).name)
 
@@ -325,7 +420,7 @@ def graded(tmp_path_factory):
     def run(lab, forbid):
         if (lab, forbid) not in runs:
             catalog = Catalog.load() if forbid else _without_forbid(Catalog.load(), lab)
-            runs[lab, forbid] = _graded(tmp_path_factory.mktemp(f"{lab}_{forbid}"), catalog, lab)
+            runs[lab, forbid] = _graded(tmp_path_factory.mktemp(f"{lab}_{forbid}"), catalog, lab, forbid)
         return runs[lab, forbid]
     return run
 
@@ -337,21 +432,25 @@ def graded(tmp_path_factory):
                          ids=lambda v: {True: "as_graded", False: "measured_only"}.get(v, v) if isinstance(v, bool) else v)
 def test_a_faked_harness_scores_nothing_and_the_reference_everything(graded, lab, forbid):
     rows, details = graded(lab, forbid)
-    assert (rows["ada"].score, rows["ada"].status) == (rows["ada"].max_score, "graded") and rows["ada"].score > 0, \
-        ([t["message"] for t in details["ada"]["tests"] if t["message"]], details["ada"].get("seed"))
+    if "ada" in rows:
+        assert (rows["ada"].score, rows["ada"].status) == (rows["ada"].max_score, "graded") and rows["ada"].score > 0, \
+            ([t["message"] for t in details["ada"]["tests"] if t["message"]], details["ada"].get("seed"))
     for student in ("fake_in_cell", "fake_beside"):
         scored = {t["grade_id"]: t["score"] for t in details[student]["tests"] if t["grade_id"] in FAKED[lab]}
         assert sorted(scored) == FAKED[lab] and set(scored.values()) == {0.0}, (student, details[student]["tests"])
 
 
 @pytest.mark.parametrize("lab", sorted(FAKED))
-def test_with_nothing_forbidden_the_kernels_byte_count_is_what_catches_the_fakes(graded, lab):
+def test_with_nothing_forbidden_the_grader_measures_what_catches_the_fakes(graded, lab):
+    """Measured only (no static scan or observer verdict in the way): faked runners that run in
+    the student's process are caught by the bytes the kernel counted; b06's rings are never
+    called (their ranks are the grader's, where the blank exercise raises)."""
     _, details = graded(lab, False)
     for student in ("fake_in_cell", "fake_beside"):
         for test in details[student]["tests"]:
             if test["grade_id"] in FAKED[lab] and test["grade_id"] not in SEPARATE.get(lab, ()):
                 assert "the kernel counted" in test["message"], (student, test)
-            elif lab == "b06" and test["grade_id"] in RINGS:   # the grader's own ranks ran the blank exercise
+            elif lab == "b06" and test["grade_id"] in RINGS:
                 assert "rank 0 of" in test["message"] and "not written yet" in test["message"], (student, test)
 
 
@@ -361,3 +460,13 @@ def test_rings_that_share_files_and_send_junk_score_nothing(graded, forbid):
     scored = {t["grade_id"]: (t["score"], t["message"]) for t in details["shared"]["tests"]}
     assert all(scored[g][0] == 0.0 for g in RINGS), scored
     assert all("rank" in scored[g][1] for g in RINGS), scored
+
+
+@pytest.mark.parametrize("forbid", [True, False], ids=["as_graded", "measured_only"])
+def test_rings_built_on_all_reduce_score_nothing_whatever_the_ranks_count(graded, forbid):
+    _, details = graded("b06", forbid)
+    scored = {t["grade_id"]: (t["score"], t["message"]) for t in details["collective_rings"]["tests"]}
+    assert all(scored[g][0] == 0.0 for g in RINGS), scored
+    if not forbid:   # the grader's observer saw the all-reduce (with the forbidden list, the static scan may speak first)
+        assert all("uses point-to-point messages only" in scored[g][1] and "allreduce" in scored[g][1]
+                   for g in RINGS), scored

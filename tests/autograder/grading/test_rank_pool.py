@@ -1,7 +1,9 @@
 """The ranks the grader starts for a distributed test (autograder.grading.rank_pool): one
 sandbox per rank, sharing the student's sandbox's loopback network and nothing else, each
 receiving only its own input. A rank cannot see another's files (/tmp, /dev/shm) or processes;
-what it sends on the loopback network counts in the grader's measurement; the course's rank
+nor reach its abstract Unix sockets (a rank may open none, autograder.isolation.seccomp);
+what it sends on the loopback network counts in the grader's measurement, and the collectives
+it calls are what the grader's observer saw (whichever way they were called); the course's rank
 function runs the student's function there and the same call in a notebook forks the ranks.
 Needs root and bubblewrap for the sandbox tests (skipped elsewhere with that reason)."""
 import pytest
@@ -21,11 +23,19 @@ import torch
 import torch.distributed as dist
 
 
+_kept = []
+
+
 def plant(port):
-    """Leave a secret in /tmp and /dev/shm and take whatever arrives on `port`."""
+    """Leave a secret in /tmp and /dev/shm, listen on an abstract Unix socket, and take whatever
+    arrives on `port`."""
     for folder in ("/tmp", "/dev/shm"):
         with open(f"{folder}/secret", "w") as f:
             f.write("rank input")
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind("\\0camp-secret")   # the network namespace's abstract names, which a rank's sandbox shares
+    unix.listen(1)
+    _kept.append(unix)
     server = socket.create_server(("127.0.0.1", port))
     def take():
         peer, _ = server.accept()
@@ -40,11 +50,26 @@ def look_and_send(port, nbytes):
     """What this process sees of the other's, and `nbytes` sent to it over the loopback network."""
     seen = {folder: os.path.exists(f"{folder}/secret") for folder in ("/tmp", "/dev/shm")}
     pythons = sum(1 for p in os.listdir("/proc") if p.isdigit())
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
+            unix.connect("\\0camp-secret")
+            seen["unix"] = "connected"
+    except PermissionError:
+        seen["unix"] = "refused"
+    except OSError as exc:
+        seen["unix"] = repr(exc)
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(b"x" * nbytes)   # returns once buffered, not sent: the receiver's window paces the wire
         s.shutdown(socket.SHUT_WR)
         assert s.recv(1) == b"!"   # the receiver read it all: every byte has crossed the loopback
     return {"seen": seen, "processes": pythons}
+
+
+def by_collectives(t):
+    """A sum by torch's all-reduce, then a broadcast called on the backend itself (no dispatcher)."""
+    dist.all_reduce(t)
+    dist.group.WORLD._get_backend(torch.device("cpu")).broadcast([t]).wait()
+    return t
 
 
 def ring_sum(t):
@@ -86,7 +111,7 @@ def test_a_rank_sandbox_shares_the_loopback_network_and_nothing_else(main, tmp_p
         RemoteObject(main.session, "plant", "plant")(29411)
         before = main.sandbox.loopback_bytes()
         got = RemoteObject(rank.session, "look_and_send", "look_and_send")(29411, 1 << 20)
-        assert got["seen"] == {"/tmp": False, "/dev/shm": False}, got
+        assert got["seen"] == {"/tmp": False, "/dev/shm": False, "unix": "refused"}, got   # no Unix socket
         assert got["processes"] <= 3, got   # its own PID namespace: bwrap's init, sandbox_init, itself
         assert main.sandbox.loopback_bytes() - before >= 1 << 20   # its traffic is in the grader's count
         assert rank.sandbox.uid != main.sandbox.uid
@@ -105,16 +130,21 @@ def test_the_pool_runs_each_rank_on_its_own_input_in_its_own_sandbox(main):
         with checks.loopback_traffic() as wire:
             out = checks.separate_ranks("camplib.dist.harness.collective_rank",
                                         RemoteObject(main.session, "ring_sum", "ring_sum"), inputs)
+        collective = checks.separate_ranks("camplib.dist.harness.collective_rank",
+                                           RemoteObject(main.session, "by_collectives", "by_collectives"), inputs[:2])
         with pytest.raises(StudentError, match="rank 0 of 2.*not defined in your notebook"):
             checks.separate_ranks("camplib.dist.harness.collective_rank",
                                   RemoteObject(main.session, "missing", "missing"), inputs[:2])
         assert len({student.sandbox.uid for student in main.pool.ranks}) == 3
-        assert main.pool.verdict() == ""   # no forbidden call, every rank's observer intact
+        assert main.pool.verdict() == ""   # no forbidden call, every rank's observer intact (collectives' canaries too)
     finally:
         checks._grading_session = None
         main.pool.close()
     assert [o.tolist() for o in out["outputs"]] == [[6.0] * 3] * 3
     assert out["bytes_sent"] == [2 * 24] * 3 and all(c.get("send") == 2 for c in out["calls"]), out
+    assert out["collectives"] == [[]] * 3, out   # what the grader saw: sends only
+    assert [o.tolist() for o in collective["outputs"]] == [[3.0] * 3] * 2
+    assert collective["collectives"] == [["allreduce", "broadcast"]] * 2, collective
     assert wire.sent >= 3 * 2 * 24
 
 
