@@ -6,8 +6,8 @@ also where is my invoice" the second request counts as much as the first, which 
 `s_t = w . h_t + b_t`, and averages the states with `softmax(s)` over the real tokens (padding
 left out). w and b start at zero, so it starts as exactly the mean: a head fitted on mean-pooled
 vectors (the linear probe) stays right, and training moves the weight towards the tokens that
-decide (on a06's validation split, frozen MiniLM: mean 0.771, attention 0.823,
-benchmarks/a06_lora_settings.py).
+decide. On a06's validation split it helps a frozen encoder's head, not MiniLM with its top layers
+fine-tuned (they learn where to look themselves): benchmarks/README.md, a06_lora_settings.py.
 """
 from __future__ import annotations
 

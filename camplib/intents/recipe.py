@@ -11,8 +11,10 @@ held-out split; the README quotes what it reaches on held-out requests. What eac
   phrasings with new products, order numbers, noise and second requests (no held-out wording);
 - the top `top` layers' weights train, the ones below stay frozen (fine_tune runs them once per
   text, so a step costs the top layers only), after the linear probe (LP-FT);
-- attention pooling (camplib.intents.pooling) learns where the deciding request is: with two
-  requests in one message the first decides, and the mean weighs both alike;
+- the pooling: the mean of the token states. Attention pooling (camplib.intents.pooling), which
+  can learn where the deciding request is (with two requests in one message the first decides),
+  was tried in its place: validation 0.878 against the mean's 0.885 (2 requests of 288, seed 0),
+  so the mean stays; `pooling="attention"` runs it;
 - label smoothing, warmup and cosine decay against memorising 1,728 requests (training loss
   would fall to 0.000 without them).
 """
@@ -23,7 +25,7 @@ from camplib.intents.data import make_intent_dataset
 
 __all__ = ["RECIPE", "recipe_training_set", "train_recipe"]
 
-RECIPE = {"extra_per_intent": 96, "top": 2, "pooling": "attention", "steps": 300, "batch_size": 32, "lr": 2e-4,
+RECIPE = {"extra_per_intent": 96, "top": 2, "pooling": "mean", "steps": 300, "batch_size": 32, "lr": 2e-4,
           "head_lr": 3e-3, "label_smoothing": 0.1, "warmup": 30, "cosine": True}
 
 
@@ -39,7 +41,7 @@ def recipe_training_set(texts: list[str], labels: list[int], extra_per_intent: i
 def train_recipe(texts: list[str], labels: list[int], intents: list[str], *, layers: int = 6, device: str = "cpu",
                  seed: int = 0, **overrides) -> tuple[IntentClassifier, list[float]]:
     """A MiniLM classifier (its first `layers` layers) trained with RECIPE (`overrides` replace its
-    entries): probe, then the top layers, attention pooling and head; (classifier in eval mode,
+    entries): probe, then the top layers, the pooling (if it learns) and the head; (classifier in eval mode,
     each step's loss)."""
     unknown = sorted(set(overrides) - set(RECIPE))
     if unknown:

@@ -145,7 +145,7 @@ def test_recipe_with_attention_pooling_trains_cached_top_layers(data):
 
     texts, labels = data["train"]
     clf, losses = train_recipe(texts, labels, data["intents"], layers=2, top=1, steps=2, batch_size=4,
-                               extra_per_intent=1, warmup=1, lr=1e-3, head_lr=1e-1)
+                               extra_per_intent=1, warmup=1, lr=1e-3, head_lr=1e-1, pooling="attention")
     assert len(losses) == 2 and clf.pool is not None and not clf.training
     assert clf.pool.position_bias.abs().sum() > 0, "the pooling did not train"
     assert all(not p.requires_grad for p in clf.encoder.encoder.layer[0].parameters())
