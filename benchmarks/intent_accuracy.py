@@ -11,13 +11,12 @@ profile (course/labs.toml); --profile ci runs the lab's CI sizes.
 Settings (lr 3e-4 for LoRA, 3e-3 for the head, r = 8 on query/value) were chosen on a validation
 split carved from the training phrasings (benchmarks/a06_lora_settings.py), never on held-out labels.
 
---method top fine-tunes every weight of MiniLM's top --top layers instead of LoRA (the frozen
-layers below run once per text: camplib.intents.classifier.fine_tune), on the profile's training
-requests plus --extra more per intent drawn from the training side with another seed (new slot
-combinations and noise, no held-out wording; the held-out split is the profile's, unchanged),
-label smoothing, warmup and cosine decay: the recipe chosen on the validation split
+--method recipe trains camplib.intents.recipe's classifier instead of LoRA (the top 2 layers'
+weights, mean pooling, 96 more training-side requests per intent, label smoothing, warmup,
+cosine; chosen on the validation split, benchmarks/a06_lora_settings.py); the held-out split is
+the profile's, unchanged:
 
-    .venv/bin/python benchmarks/intent_accuracy.py --method top --threads 1
+    .venv/bin/python benchmarks/intent_accuracy.py --method recipe --threads 2
 """
 from __future__ import annotations
 
@@ -35,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from camplib.intents import make_intent_dataset  # noqa: E402
 from camplib.intents.classifier import IntentClassifier, fine_tune, fit_probe, load_minilm, report  # noqa: E402
+from camplib.intents.recipe import RECIPE, train_recipe  # noqa: E402
 from camplib.lora import inject_lora  # noqa: E402
 
 BRIEF = 0.90
@@ -53,15 +53,11 @@ def main() -> None:
     ap.add_argument("--r", type=int, default=8)
     ap.add_argument("--steps", type=int, default=None, help="override the profile's train_steps")
     ap.add_argument("--plot", default=None, help="save the confusion matrices here (png)")
-    ap.add_argument("--method", default="lora", choices=["lora", "top"], help="LoRA r on query/value (the lab's), "
-                    "or every weight of the top layers with the validation-chosen recipe")
-    ap.add_argument("--top", type=int, default=2)
-    ap.add_argument("--extra", type=int, default=96, help="--method top: more training-side requests per intent")
-    ap.add_argument("--top_lr", type=float, default=2e-4)
-    ap.add_argument("--top_steps", type=int, default=300)
+    ap.add_argument("--method", default="lora", choices=["lora", "recipe"], help="LoRA r on query/value (the lab's), "
+                    "or camplib.intents.recipe (chosen on the validation split)")
     a = ap.parse_args()
     p = profile(a.profile)
-    steps = a.steps if a.steps is not None else (p["train_steps"] if a.method == "lora" else a.top_steps)
+    steps = a.steps if a.steps is not None else (p["train_steps"] if a.method == "lora" else RECIPE["steps"])
     torch.set_num_threads(a.threads)
     device = "cuda" if p["device"] == "cuda" and torch.cuda.is_available() else "cpu"
     start, cpu = time.perf_counter(), time.process_time()
@@ -80,14 +76,9 @@ def main() -> None:
         method = f"LoRA r={a.r} LP-FT"
         losses = fine_tune(clf, train_x, train_y, steps, p["batch_size"], p["lr"], p["head_lr"], seed=a.seed)
     else:
-        more = make_intent_dataset(a.extra, 0, seed=a.seed + 1000)["train"] if a.extra else ([], [])
-        train_x, train_y = train_x + more[0], train_y + more[1]
-        fit_probe(clf, train_x, train_y, seed=a.seed)               # LP-FT: the head from these requests' probe
-        for q in clf.encoder.encoder.layer[-a.top:].parameters():
-            q.requires_grad_(True)
-        method = f"top {a.top} layers LP-FT"
-        losses = fine_tune(clf, train_x, train_y, steps, p["batch_size"], a.top_lr, p["head_lr"], seed=a.seed,
-                           label_smoothing=0.1, warmup=30, cosine=True)
+        method = "recipe"
+        clf, losses = train_recipe(train_x, train_y, data["intents"], layers=p["minilm_layers"], device=device,
+                                   seed=a.seed, steps=steps)
     lora = report(clf, test_x, test_y)
     lora_s, total_s = time.perf_counter() - t, time.perf_counter() - start
     print(f"a06 intent accuracy, profile {a.profile!r}: {len(data['intents'])} intents, {len(train_x)} training and "
@@ -97,8 +88,10 @@ def main() -> None:
         print(f"{name:>16} {probe['per_intent'][name]:>7.3f} {lora['per_intent'][name]:>7.3f}")
     print(f"{'held-out':>16} {probe['accuracy']:>7.3f} {lora['accuracy']:>7.3f}   (chance {1 / len(data['intents']):.3f}; "
           f"the brief: over {BRIEF:.2f})")
-    print(f"linear probe {probe_s:.1f} s (model load included); {method} {steps} steps of {p['batch_size']} on "
-          f"{len(train_x)} requests: {lora_s:.1f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f}; total {total_s:.1f} s wall, "
+    batch = p["batch_size"] if a.method == "lora" else RECIPE["batch_size"]
+    n_train = len(train_x) + (0 if a.method == "lora" else RECIPE["extra_per_intent"] * len(data["intents"]))
+    print(f"linear probe {probe_s:.1f} s (model load included); {method} {steps} steps of {batch} on "
+          f"{n_train} requests: {lora_s:.1f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f}; total {total_s:.1f} s wall, "
           f"{time.process_time() - cpu:.1f} s CPU, load average {os.getloadavg()[0]:.1f} "
           f"({'meets' if lora['accuracy'] > BRIEF else 'misses'} the brief's {BRIEF:.0%})")
     if a.plot:

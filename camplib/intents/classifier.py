@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from camplib.intents.pooling import AttentionPooling, mean_pool
 from camplib.optim import PlainAdamW
 
 __all__ = ["IntentClassifier", "load_minilm", "fit_probe", "fine_tune", "report"]
@@ -62,25 +63,34 @@ def _read_minilm(layers, device):
 
 
 class IntentClassifier(nn.Module):
-    """encoder -> mean of the token states over real tokens -> Linear head over `intents`."""
+    """encoder -> the token states pooled over real tokens -> Linear head over `intents`.
+    `pooling`: "mean" (MiniLM's own), or "attention" (camplib.intents.pooling.AttentionPooling,
+    learned with the head; it starts as the mean)."""
 
-    def __init__(self, encoder: nn.Module, tokenizer, intents: list[str], max_length: int = 48):
+    def __init__(self, encoder: nn.Module, tokenizer, intents: list[str], max_length: int = 48,
+                 pooling: str = "mean"):
         super().__init__()
+        if pooling not in ("mean", "attention"):
+            raise ValueError(f"pooling is 'mean' or 'attention', got {pooling!r}")
         self.encoder, self.tokenizer, self.intents, self.max_length = encoder, tokenizer, list(intents), max_length
         weight = next(encoder.parameters())
-        self.head = nn.Linear(encoder.config.hidden_size, len(intents)).to(weight.device)
+        hidden = encoder.config.hidden_size
+        self.head = nn.Linear(hidden, len(intents)).to(weight.device)
+        self.pool = AttentionPooling(hidden, max_length).to(weight.device) if pooling == "attention" else None
 
     @property
     def device(self) -> torch.device:
         return self.head.weight.device
 
+    def pooled(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(N, T, hidden) token states and their (N, T) mask -> (N, hidden) sentence vectors."""
+        return mean_pool(states, mask) if self.pool is None else self.pool(states, mask)
+
     def embed(self, texts: list[str]) -> torch.Tensor:
-        """(N, hidden) sentence vectors: the mean of the token states, padding left out."""
+        """(N, hidden) sentence vectors: the token states pooled, padding left out."""
         batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
                                return_tensors="pt").to(self.device)
-        states = self.encoder(**batch).last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).to(states.dtype)
-        return (states * mask).sum(1) / mask.sum(1)
+        return self.pooled(self.encoder(**batch).last_hidden_state, batch["attention_mask"])
 
     def forward(self, texts: list[str]) -> torch.Tensor:
         """(N, len(intents)) logits."""
@@ -138,7 +148,8 @@ def fine_tune(clf: IntentClassifier, texts, labels, steps: int, batch_size: int 
     only the top layers train."""
     y = torch.as_tensor(labels, device=clf.device)
     body = [p for p in clf.encoder.parameters() if p.requires_grad]
-    opts = [PlainAdamW(body, lr=lr, weight_decay=0.01), PlainAdamW(clf.head.parameters(), lr=head_lr, weight_decay=0.01)]
+    top = [*clf.head.parameters(), *(clf.pool.parameters() if clf.pool is not None else [])]
+    opts = [PlainAdamW(body, lr=lr, weight_decay=0.01), PlainAdamW(top, lr=head_lr, weight_decay=0.01)]
     bottom = _FrozenBottom(clf, texts) if cache_frozen and _frozen_layers(clf.encoder) > 0 else None
     gen = torch.Generator().manual_seed(seed)
     clf.train()
@@ -180,7 +191,7 @@ def _frozen_layers(encoder: nn.Module) -> int:
 class _FrozenBottom:
     """The output of an encoder's frozen embeddings and first `n` layers for each training text,
     computed once (eval mode, no grad, batches of 64), and the logits of a batch of them through
-    the layers above, mean pooling and the head. The layers take an additive (N, 1, 1, T) attention
+    the layers above, the pooling and the head. The layers take an additive (N, 1, 1, T) attention
     mask (0 on tokens, the dtype's minimum on padding), what BERT's eager and SDPA attention both
     read; the test compares the logits with the full encoder's."""
 
@@ -206,8 +217,7 @@ class _FrozenBottom:
         for layer in self.clf.encoder.encoder.layer[self.n:]:
             hidden = layer(hidden, attention_mask=extended)
             hidden = hidden[0] if isinstance(hidden, tuple) else hidden
-        weights = mask.unsqueeze(-1).to(hidden.dtype)
-        return self.clf.head((hidden * weights).sum(1) / weights.sum(1))
+        return self.clf.head(self.clf.pooled(hidden, mask))
 
 
 def report(clf: IntentClassifier, texts, labels) -> dict:

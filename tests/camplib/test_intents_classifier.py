@@ -99,17 +99,13 @@ def _top_layer_trainable(layers: int, texts, intents, dropout: float | None = No
 
 def test_cached_frozen_layers_are_the_same_model(data):
     """fine_tune runs the frozen embeddings and layers once per text (_FrozenBottom) and only the
-    trainable top layer per step: the logits of rows in another order (other padding) are the full
-    encoder's, and without dropout training gives the same losses and weights as the uncached path."""
-    from camplib.intents.classifier import _FrozenBottom, _frozen_layers
+    trainable top layer per step: without dropout training gives the same losses and weights as the
+    uncached path (that the cached logits are the full encoder's, rows in another order and so
+    other padding: test_recipe_with_attention_pooling_trains_cached_top_layers)."""
+    from camplib.intents.classifier import _frozen_layers
 
     texts, labels = data["train"]
-    clf = _top_layer_trainable(2, texts, data["intents"]).eval()
-    assert _frozen_layers(clf.encoder) == 1
-    bottom = _FrozenBottom(clf, texts)
-    rows = [5, 0, 3, 1]
-    with torch.no_grad():
-        torch.testing.assert_close(bottom.logits(rows), clf([texts[i] for i in rows]), atol=1e-5, rtol=1e-5)
+    assert _frozen_layers(_top_layer_trainable(2, texts, data["intents"]).encoder) == 1
     runs = []
     for cache in (True, False):
         clf = _top_layer_trainable(2, texts, data["intents"], dropout=0.0)
@@ -118,3 +114,44 @@ def test_cached_frozen_layers_are_the_same_model(data):
     assert runs[0][0] == pytest.approx(runs[1][0], abs=1e-5)
     # AdamW moves each weight by ~1e-3 a step: 5e-5 sees a wrong step, not float sums in another order
     torch.testing.assert_close(runs[0][1], runs[1][1], atol=5e-5, rtol=0)
+
+
+def test_attention_pooling_starts_as_the_mean_and_ignores_padding():
+    """AttentionPooling starts as mean_pool (the probe's head stays right), gives padding no
+    weight, and once trained weighs positions unequally (it can learn where the first request is)."""
+    from camplib.intents.pooling import AttentionPooling, mean_pool
+
+    gen = torch.Generator().manual_seed(0)
+    states = torch.randn(3, 5, 8, generator=gen, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    pool = AttentionPooling(8, max_positions=4).double()
+    torch.testing.assert_close(pool(states, mask), mean_pool(states, mask), atol=1e-12, rtol=0)
+    with torch.no_grad():
+        pool.position_bias.copy_(torch.tensor([2.0, 0.0, -1.0, 0.5]))
+        pool.score.weight.normal_(generator=gen)
+    weights = pool.weights(states, mask)
+    assert (weights[mask == 0] == 0).all() and torch.allclose(weights.sum(-1), torch.ones(3, dtype=torch.float64))
+    padded = torch.where(mask.bool().unsqueeze(-1), states, torch.full_like(states, 1e3))   # junk in padding
+    torch.testing.assert_close(pool(padded, mask), pool(states, mask), atol=1e-12, rtol=0)
+    assert not torch.allclose(pool(states, mask), mean_pool(states, mask))
+
+
+def test_recipe_with_attention_pooling_trains_cached_top_layers(data):
+    """train_recipe on a cut MiniLM for 2 steps: the probe, then the top layer and the attention
+    pooling train (the frozen bottom cached), and the cached logits of rows in another order (other
+    padding, which the pooling must leave out) are the full model's."""
+    from camplib.intents.classifier import _FrozenBottom
+    from camplib.intents.recipe import train_recipe
+
+    texts, labels = data["train"]
+    clf, losses = train_recipe(texts, labels, data["intents"], layers=2, top=1, steps=2, batch_size=4,
+                               extra_per_intent=1, warmup=1, lr=1e-3, head_lr=1e-1, pooling="attention")
+    assert len(losses) == 2 and clf.pool is not None and not clf.training
+    assert clf.pool.position_bias.abs().sum() > 0, "the pooling did not train"
+    assert all(not p.requires_grad for p in clf.encoder.encoder.layer[0].parameters())
+    rows = [3, 0, 2]
+    with torch.no_grad():
+        torch.testing.assert_close(_FrozenBottom(clf, texts).logits(rows), clf([texts[i] for i in rows]),
+                                   atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="not a setting"):
+        train_recipe(texts, labels, data["intents"], layers=1, stepz=2)
