@@ -9,17 +9,22 @@ with one sample per task.
 
 Models: the token trigram and the from-scratch p01 model (trained here on the stdlib with FIM,
 sizes below, or loaded from a p01 serving checkpoint with --checkpoint), SmolLM2-135M-Instruct
-as shipped (left to right: it has no FIM tokens), and SmolLM2 fine-tuned with camplib's LoRA on
+as shipped, prompted two ways (`smollm2`: left to right, the prefix only, the suffix unused;
+`smollm2-psm`: the tuned rows' FIM prompt, untuned), and SmolLM2 fine-tuned with camplib's LoRA on
 single-line FIM examples from the stdlib (camplib.codegen.fim_tune: three rare special tokens as
-sentinels) at each budget of --fim-steps; its adapters are saved (safetensors) under --fim-dir
-and reused when a run with the same settings saved them. No HumanEval text is in the training
-corpus (fim_tune.leaked_problems, checked before training). The brief's aim is 85% ("generated
-code passes 85% of the time"). Run on all tasks (the default) for the README's figures;
---infill N / --functions N draw a seeded random sample of that size, the same tasks for every
-model, and the table says so, with a 95% interval (Wilson) for each rate.
+sentinels) at each budget of --fim-steps; its adapters are saved (safetensors, with
+training.json: loss, CPU and wall seconds) under --fim-dir and reused when a run with the same
+settings saved them (a run that must train trains once, to the largest budget). Each SmolLM2 row
+also gets its loss on the same --heldout FIM lines cut from held-out stdlib modules. No
+HumanEval text is in the training corpus (fim_tune.leaked_problems, checked before training).
+The brief's aim is 85% ("generated code passes 85% of the time"). Run on all tasks (the default)
+for the README's figures; --infill N / --functions N draw a seeded random sample of that size,
+the same tasks for every model, and the table says so, with a 95% interval (Wilson) for each
+rate. --dump FILE writes every line each model wrote, with the truth and the verdict.
 
-    python benchmarks/humaneval_passk.py [--models ngram,scratch,smollm2,smollm2-fim] [--fim-steps 30,100]
-                                         [--infill N] [--functions N]
+    python benchmarks/humaneval_passk.py [--models ngram,scratch,smollm2,smollm2-psm,smollm2-fim]
+                                         [--fim-steps 100,300] [--infill N] [--functions N] [--heldout 16]
+                                         [--threads T] [--dump lines.json]
 """
 from __future__ import annotations
 
@@ -105,10 +110,11 @@ def build_models(names: list[str], device: str, checkpoint: str | None, steps: i
                   f"{time.perf_counter() - start:.0f} s)", flush=True)
             return f"{loss:.2f}"
         base = load_gguf_llama(f, device=device) if {"smollm2", "smollm2-psm"} & set(names) else None
-        base_loss = held(base) if base is not None else "-"
+        base_loss = held(base) if "smollm2-psm" in names else "-"
         if "smollm2" in names:
+            l2r = f"{l2r_line_loss(base, tokenizer, held_out, heldout, FIM['max_tokens']):.2f} (L2R)" if heldout else "-"
             models["SmolLM2-135M-Instruct as shipped, left to right (prefix only)"] = (
-                smollm2_completer(base, tokenizer), {"steps": 0, "loss": base_loss})
+                smollm2_completer(base, tokenizer), {"steps": 0, "loss": l2r})
         if "smollm2-psm" in names:   # the tuned rows' prompt, untuned: do the sentinels alone help it?
             models["SmolLM2-135M-Instruct as shipped, FIM prompt (PSM, <jupyter_*> sentinels)"] = (
                 smollm2_fim_completer(base, tokenizer), {"steps": 0, "loss": base_loss})
@@ -122,6 +128,30 @@ def build_models(names: list[str], device: str, checkpoint: str | None, steps: i
                 models[f"SmolLM2 + FIM LoRA, {budget} steps"] = (smollm2_fim_completer(model.eval(), tokenizer),
                                                                  {**info, "steps": budget, "loss": held(model)})
     return models
+
+
+def l2r_line_loss(model, tokenizer, texts, n: int, max_tokens: int) -> float:
+    """The shipped model's loss on heldout_fim_loss's lines read left to right: the same prefix
+    (as the FIM example cut it), no suffix, the line as "\\n" + line + "\\n" after the prefix
+    less its final newline (smollm2_completer's token healing), after an end of text (a line may
+    start its chunk: nothing before it). Nats per token; the FIM rows count
+    the line + newline + end of text, so tokens differ slightly (printed per line too)."""
+    from camplib.codegen.fim_tune import fim_line_examples, fim_tokens
+    suffix_id, eot = fim_tokens(tokenizer)[1], fim_tokens(tokenizer)[3]
+    nll, tokens = 0.0, 0
+    with torch.no_grad():
+        for ids, mask in fim_line_examples(texts, tokenizer, n, 1, max_tokens):   # heldout_fim_loss's seed
+            k = mask.index(1)
+            prefix, line = tokenizer.decode(ids[1:ids.index(suffix_id)]), tokenizer.decode(ids[k:-1])
+            healed = prefix.endswith("\n")
+            p = [eot] + tokenizer.encode(prefix[:-1] if healed else prefix, add_special_tokens=False)
+            a = tokenizer.encode(("\n" if healed else "") + line, add_special_tokens=False)
+            logits = model.eval()(torch.tensor([p + a], device=next(model.parameters()).device))[0][0].float()
+            logp = torch.log_softmax(logits[len(p) - 1:-1], -1)
+            nll -= float(logp[torch.arange(len(a)), torch.tensor(a, device=logp.device)].sum())
+            tokens += len(a)
+    print(f"  left to right, the same lines: {nll / tokens:.3f} nats per token, {nll / n:.1f} per line", flush=True)
+    return nll / tokens
 
 
 def fim_adapters(budgets: list[int], out_dir: str, device: str, load_base, tokenizer) -> dict[int, Path]:
