@@ -63,7 +63,7 @@ SCRATCH = dict(n_train_files=40, n_val_files=4, vocab_size=1024, block_size=128,
 
 
 def build_models(names: list[str], device: str, checkpoint: str | None, steps: int, fim_steps: list[int],
-                 fim_dir: str, heldout: int = 16) -> dict:
+                 fim_dir: str, heldout: int = 16, fim_keep: int | None = None) -> dict:
     """{row name: (completer, {"steps", "loss": held-out FIM loss, and the adapter's training.json})}."""
     models, bpe_data = {}, None
     if "scratch" in names or "ngram" in names:
@@ -125,7 +125,9 @@ def build_models(names: list[str], device: str, checkpoint: str | None, steps: i
                 load_adapter(model, adapter)
                 record = Path(adapter) / "training.json"
                 info = json.loads(record.read_text()) if record.is_file() else {}
-                models[f"SmolLM2 + FIM LoRA, {budget} steps"] = (smollm2_fim_completer(model.eval(), tokenizer),
+                cut = f", prompts cut to {fim_keep} tokens" if fim_keep else ""
+                models[f"SmolLM2 + FIM LoRA, {budget} steps{cut}"] = (smollm2_fim_completer(model.eval(), tokenizer,
+                                                                                            keep=fim_keep),
                                                                  {**info, "steps": budget, "loss": held(model)})
     return models
 
@@ -207,6 +209,8 @@ def main() -> None:
     ap.add_argument("--fim-steps", default="100,300", help="LoRA FIM budgets of SmolLM2 (steps, comma-separated)")
     ap.add_argument("--fim-dir", default="runs/humaneval_fim", help="where the FIM adapters are saved / reused")
     ap.add_argument("--heldout", type=int, default=16, help="held-out stdlib FIM lines for each SmolLM2 row's loss (0: skip)")
+    ap.add_argument("--fim-keep", type=int, default=None,
+                    help="cut the tuned rows' prompts to this many ids of prefix + suffix (training cuts to max_tokens - the line)")
     ap.add_argument("--dump", default=None, help="write each model's lines (JSON) here")
     ap.add_argument("--plot", default="humaneval_passk.png")
     args = ap.parse_args()
@@ -223,7 +227,7 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f}")
     start_all = time.perf_counter()
     models = build_models(args.models.split(","), device, args.checkpoint, args.scratch_steps,
-                          [int(x) for x in args.fim_steps.split(",") if x], args.fim_dir, args.heldout)
+                          [int(x) for x in args.fim_steps.split(",") if x], args.fim_dir, args.heldout, args.fim_keep)
     rows = []
     dump = []
     for name, (complete, info) in models.items():
