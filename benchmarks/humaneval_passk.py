@@ -9,21 +9,27 @@ with one sample per task.
 
 Models: the token trigram and the from-scratch p01 model (trained here on the stdlib with FIM,
 sizes below, or loaded from a p01 serving checkpoint with --checkpoint), SmolLM2-135M-Instruct
-as shipped (left to right: it has no FIM tokens), and SmolLM2 fine-tuned with camplib's LoRA on
+as shipped, prompted two ways (`smollm2`: left to right, the prefix only, the suffix unused;
+`smollm2-psm`: the tuned rows' FIM prompt, untuned), and SmolLM2 fine-tuned with camplib's LoRA on
 single-line FIM examples from the stdlib (camplib.codegen.fim_tune: three rare special tokens as
-sentinels) at each budget of --fim-steps; its adapters are saved (safetensors) under --fim-dir
-and reused when a run with the same settings saved them. No HumanEval text is in the training
-corpus (fim_tune.leaked_problems, checked before training). The brief's aim is 85% ("generated
-code passes 85% of the time"). Run on all tasks (the default) for the README's figures;
---infill N / --functions N draw a seeded random sample of that size, the same tasks for every
-model, and the table says so, with a 95% interval (Wilson) for each rate.
+sentinels) at each budget of --fim-steps; its adapters are saved (safetensors, with
+training.json: loss, CPU and wall seconds) under --fim-dir and reused when a run with the same
+settings saved them (a run that must train trains once, to the largest budget). Each SmolLM2 row
+also gets its loss on the same --heldout FIM lines cut from held-out stdlib modules. No
+HumanEval text is in the training corpus (fim_tune.leaked_problems, checked before training).
+The brief's aim is 85% ("generated code passes 85% of the time"). Run on all tasks (the default)
+for the README's figures; --infill N / --functions N draw a seeded random sample of that size,
+the same tasks for every model, and the table says so, with a 95% interval (Wilson) for each
+rate. --dump FILE writes every line each model wrote, with the truth and the verdict.
 
-    python benchmarks/humaneval_passk.py [--models ngram,scratch,smollm2,smollm2-fim] [--fim-steps 30,100]
-                                         [--infill N] [--functions N]
+    python benchmarks/humaneval_passk.py [--models ngram,scratch,smollm2,smollm2-psm,smollm2-fim]
+                                         [--fim-steps 100,300] [--infill N] [--functions N] [--heldout 16]
+                                         [--threads T] [--dump lines.json]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -57,7 +63,8 @@ SCRATCH = dict(n_train_files=40, n_val_files=4, vocab_size=1024, block_size=128,
 
 
 def build_models(names: list[str], device: str, checkpoint: str | None, steps: int, fim_steps: list[int],
-                 fim_dir: str) -> dict:
+                 fim_dir: str, heldout: int = 16, fim_keep: int | None = None) -> dict:
+    """{row name: (completer, {"steps", "loss": held-out FIM loss, and the adapter's training.json})}."""
     models, bpe_data = {}, None
     if "scratch" in names or "ngram" in names:
         if checkpoint:
@@ -84,22 +91,69 @@ def build_models(names: list[str], device: str, checkpoint: str | None, steps: i
             else:
                 blocks = data.train_blocks
             ngram = NgramModel(3, bpe.vocab_size).fit([b.tolist() for b in blocks])
-            models["trigram"] = ngram_completer(ngram, bpe)
+            models["trigram"] = (ngram_completer(ngram, bpe), {})
         if "scratch" in names:
-            models["p01 model (scratch)"] = bpe_completer(scratch, bpe)
-    if "smollm2" in names or "smollm2-fim" in names:
+            models["p01 model (scratch)"] = (bpe_completer(scratch, bpe), {})
+    if any(n.startswith("smollm2") for n in names):
+        from camplib.codegen.fim_tune import heldout_fim_loss
         from camplib.gguf import load_gguf_llama, read_gguf, smollm2_path, tokenizer_from_gguf
         f = read_gguf(smollm2_path())
         tokenizer = tokenizer_from_gguf(f)
+        held_out = load_corpus(**FIM_CORPUS).val   # modules no adapter trained on
+
+        def held(model) -> str:   # the line's loss on the same held-out stdlib FIM examples, every SmolLM2 row
+            if not heldout:
+                return "-"
+            start = time.perf_counter()
+            loss = heldout_fim_loss(model, tokenizer, held_out, n=heldout, max_tokens=FIM["max_tokens"])
+            print(f"  held-out FIM loss {loss:.3f} ({heldout} lines of {len(held_out)} held-out chunks, "
+                  f"{time.perf_counter() - start:.0f} s)", flush=True)
+            return f"{loss:.2f}"
+        base = load_gguf_llama(f, device=device) if {"smollm2", "smollm2-psm"} & set(names) else None
+        base_loss = held(base) if "smollm2-psm" in names else "-"
         if "smollm2" in names:
-            models["SmolLM2-135M-Instruct (as shipped, L2R)"] = smollm2_completer(load_gguf_llama(f, device=device), tokenizer)
+            l2r = f"{l2r_line_loss(base, tokenizer, held_out, heldout, FIM['max_tokens']):.2f} (L2R)" if heldout else "-"
+            models["SmolLM2-135M-Instruct as shipped, left to right (prefix only)"] = (
+                smollm2_completer(base, tokenizer), {"steps": 0, "loss": l2r})
+        if "smollm2-psm" in names:   # the tuned rows' prompt, untuned: do the sentinels alone help it?
+            models["SmolLM2-135M-Instruct as shipped, FIM prompt (PSM, <jupyter_*> sentinels)"] = (
+                smollm2_fim_completer(base, tokenizer), {"steps": 0, "loss": base_loss})
         if "smollm2-fim" in names:
             for budget, adapter in fim_adapters(fim_steps, fim_dir, device, lambda: load_gguf_llama(f, device=device),
                                                 tokenizer).items():
                 model = load_gguf_llama(f, device=device)
                 load_adapter(model, adapter)
-                models[f"SmolLM2 + FIM LoRA, {budget} steps"] = smollm2_fim_completer(model.eval(), tokenizer)
+                record = Path(adapter) / "training.json"
+                info = json.loads(record.read_text()) if record.is_file() else {}
+                cut = f", prompts cut to {fim_keep} tokens" if fim_keep else ""
+                models[f"SmolLM2 + FIM LoRA, {budget} steps{cut}"] = (smollm2_fim_completer(model.eval(), tokenizer,
+                                                                                            keep=fim_keep),
+                                                                 {**info, "steps": budget, "loss": held(model)})
     return models
+
+
+def l2r_line_loss(model, tokenizer, texts, n: int, max_tokens: int) -> float:
+    """The shipped model's loss on heldout_fim_loss's lines read left to right: the same prefix
+    (as the FIM example cut it), no suffix, the line as "\\n" + line + "\\n" after the prefix
+    less its final newline (smollm2_completer's token healing), after an end of text (a line may
+    start its chunk: nothing before it). Nats per token; the FIM rows count
+    the line + newline + end of text, so tokens differ slightly (printed per line too)."""
+    from camplib.codegen.fim_tune import fim_line_examples, fim_tokens
+    suffix_id, eot = fim_tokens(tokenizer)[1], fim_tokens(tokenizer)[3]
+    nll, tokens = 0.0, 0
+    with torch.no_grad():
+        for ids, mask in fim_line_examples(texts, tokenizer, n, 1, max_tokens):   # heldout_fim_loss's seed
+            k = mask.index(1)
+            prefix, line = tokenizer.decode(ids[1:ids.index(suffix_id)]), tokenizer.decode(ids[k:-1])
+            healed = prefix.endswith("\n")
+            p = [eot] + tokenizer.encode(prefix[:-1] if healed else prefix, add_special_tokens=False)
+            a = tokenizer.encode(("\n" if healed else "") + line, add_special_tokens=False)
+            logits = model.eval()(torch.tensor([p + a], device=next(model.parameters()).device))[0][0].float()
+            logp = torch.log_softmax(logits[len(p) - 1:-1], -1)
+            nll -= float(logp[torch.arange(len(a)), torch.tensor(a, device=logp.device)].sum())
+            tokens += len(a)
+    print(f"  left to right, the same lines: {nll / tokens:.3f} nats per token, {nll / n:.1f} per line", flush=True)
+    return nll / tokens
 
 
 def fim_adapters(budgets: list[int], out_dir: str, device: str, load_base, tokenizer) -> dict[int, Path]:
@@ -143,20 +197,25 @@ def rate(ok: list[bool]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="ngram,scratch,smollm2,smollm2-fim")
+    ap.add_argument("--models", default="ngram,scratch,smollm2,smollm2-psm,smollm2-fim")
     ap.add_argument("--infill", type=int, default=None, help="random sample of single-line tasks (default: all 1,033)")
     ap.add_argument("--functions", type=int, default=None, help="random sample of problems (default: all 164)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", default=None, help="a p01 serving checkpoint (p01_out/code_model.pt)")
+    ap.add_argument("--threads", type=int, default=max(1, min(4, os.cpu_count() or 1)), help="torch threads")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="programs run at a time")
     ap.add_argument("--batch", type=int, default=8, help="prompts per generate call")
     ap.add_argument("--scratch-steps", type=int, default=SCRATCH["steps"], help="training steps of the p01 model")
-    ap.add_argument("--fim-steps", default="30,100", help="LoRA FIM budgets of SmolLM2 (steps, comma-separated)")
+    ap.add_argument("--fim-steps", default="100,300", help="LoRA FIM budgets of SmolLM2 (steps, comma-separated)")
     ap.add_argument("--fim-dir", default="runs/humaneval_fim", help="where the FIM adapters are saved / reused")
+    ap.add_argument("--heldout", type=int, default=16, help="held-out stdlib FIM lines for each SmolLM2 row's loss (0: skip)")
+    ap.add_argument("--fim-keep", type=int, default=None,
+                    help="cut the tuned rows' prompts to this many ids of prefix + suffix (training cuts to max_tokens - the line)")
+    ap.add_argument("--dump", default=None, help="write each model's lines (JSON) here")
     ap.add_argument("--plot", default="humaneval_passk.png")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    torch.set_num_threads(args.threads)
     from autograder.isolation.programs import isolation
     problems = load_problems()
     infill = sample_tasks(infilling_tasks(problems), args.infill, args.seed)
@@ -168,9 +227,10 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f}")
     start_all = time.perf_counter()
     models = build_models(args.models.split(","), device, args.checkpoint, args.scratch_steps,
-                          [int(x) for x in args.fim_steps.split(",") if x], args.fim_dir)
+                          [int(x) for x in args.fim_steps.split(",") if x], args.fim_dir, args.heldout, args.fim_keep)
     rows = []
-    for name, complete in models.items():
+    dump = []
+    for name, (complete, info) in models.items():
         start = time.perf_counter()
         middles = complete_many(complete, [(t.prefix, t.suffix) for t in infill], line=True, max_new_tokens=48,
                                 batch_size=args.batch)
@@ -179,17 +239,27 @@ def main() -> None:
         bodies = complete_many(complete, [(p.prompt, None) for p in functions], line=False, max_new_tokens=256,
                                batch_size=args.batch)
         function_ok = run_programs([completion_program(p, b) for p, b in zip(functions, bodies)], workers=args.workers)
-        rows.append((name, infill_ok, function_ok, mid - start, time.perf_counter() - mid))
+        rows.append((name, infill_ok, function_ok, mid - start, time.perf_counter() - mid, info))
+        dump.append({"model": name, **{k: v for k, v in info.items() if k != "adapter"},
+                     "infill": [{"task_id": t.task_id, "line": t.line, "truth": t.middle, "wrote": m, "passed": ok}
+                                for t, m, ok in zip(infill, middles, infill_ok)]})
         print(f"  {name}: infilling {sum(infill_ok)}/{len(infill)}, functions {sum(function_ok)}/{len(functions)} "
               f"({mid - start:.0f} s + {time.perf_counter() - mid:.0f} s)", flush=True)
-    print(f"\n| model | single-line infilling pass@1 ({len(infill)} of 1,033 tasks) | function completion pass@1 "
-          f"({len(functions)} of 164 problems) | seconds (infill + functions) |\n|---|---|---|---|")
-    for name, a, b, ta, tb in rows:
-        print(f"| {name} | {rate(a)} | {rate(b)} | {ta:.0f} + {tb:.0f} |")
+    if args.dump:
+        Path(args.dump).write_text(json.dumps(dump, indent=1))
+        print(f"each line written, per model: {args.dump}")
+    print(f"\n| model | FIM LoRA steps | training CPU s (wall s) | held-out FIM loss | single-line infilling pass@1 "
+          f"({len(infill)} of 1,033 tasks) | function completion pass@1 ({len(functions)} of 164 problems) | "
+          f"seconds (infill + functions) |\n|---|---|---|---|---|---|---|")
+    for name, a, b, ta, tb, info in rows:
+        trained = f"{info['cpu_seconds']:.0f} ({info['seconds']:.0f})" if "cpu_seconds" in info else "-"
+        print(f"| {name} | {info.get('steps', '-')} | {trained} | {info.get('loss', '-')} | {rate(a)} | {rate(b)} | "
+              f"{ta:.0f} + {tb:.0f} |")
     print(f"\n{'SAMPLE: ' if sampled else ''}greedy pass@1, [95% Wilson interval]; brief's aim: 85% (\"generated code "
           f"passes 85% of the time\"); whole run {time.perf_counter() - start_all:.0f} s on {os.cpu_count()} cores "
-          f"({device}), load average {os.getloadavg()[0]:.1f} at the end\n{ANCHORS}")
-    rows = [(name, sum(a) / max(1, len(a)), sum(b) / max(1, len(b)), ta, tb) for name, a, b, ta, tb in rows]
+          f"({device}), load average {os.getloadavg()[0]:.1f} at the end; held-out FIM loss: nats per token of the "
+          f"line + newline + end of text, {args.heldout} lines cut from held-out stdlib modules\n{ANCHORS}")
+    rows = [(name, sum(a) / max(1, len(a)), sum(b) / max(1, len(b)), ta, tb) for name, a, b, ta, tb, _ in rows]
     if args.plot:
         import matplotlib
         matplotlib.use("Agg")

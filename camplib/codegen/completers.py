@@ -146,10 +146,11 @@ def smollm2_completer(model, tokenizer, max_new_tokens: int = 256) -> Completer:
     return _completer(prompt_of, model, stop_ids, max_new_tokens)
 
 
-def smollm2_fim_completer(model, tokenizer, max_new_tokens: int = 256) -> Completer:
+def smollm2_fim_completer(model, tokenizer, max_new_tokens: int = 256, keep: int | None = None) -> Completer:
     """SmolLM2 after FIM fine-tuning (camplib.codegen.fim_tune): with a suffix, the prompt is
     `<jupyter_start> prefix <jupyter_output> suffix <jupyter_code>` (fim_tune.SENTINELS, the
-    format it was trained on), and the model writes the middle; without one, as smollm2_completer."""
+    format it was trained on), and the model writes the middle; without one, as smollm2_completer.
+    keep: at most that many ids of prefix and suffix (fim_prompt_ids' cut, as in training)."""
     from camplib.codegen.fim_tune import fim_prompt_ids, fim_tokens
 
     stop_ids = set(fim_tokens(tokenizer)) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
@@ -157,7 +158,7 @@ def smollm2_fim_completer(model, tokenizer, max_new_tokens: int = 256) -> Comple
 
     def prompt_of(prefix: str, suffix: str | None):
         if suffix is not None:
-            return fim_prompt_ids(tokenizer, prefix, suffix), decode
+            return fim_prompt_ids(tokenizer, prefix, suffix, keep=keep), decode
         prompt, healed = _heal(prefix)
         return tokenizer.encode(prompt, add_special_tokens=False), lambda ids: healed(decode(ids))
     return _completer(prompt_of, model, stop_ids, max_new_tokens)

@@ -85,3 +85,26 @@ def test_lora_targets_only_the_top_blocks():
     names = matching_modules(model, lora_targets(6, 2))
     assert len(names) == 10 and {n.split(".")[1] for n in names} == {"4", "5"}
     assert len(matching_modules(model, lora_targets(6, None))) == 30
+
+
+def test_heldout_loss_is_the_lines_loss_whatever_the_batching(tokenizer):
+    """heldout_fim_loss = mean -log p of the trained tokens (line, newline, end of text) only,
+    computed one example at a time by hand here; padding in a batch changes nothing."""
+    import torch
+    import torch.nn.functional as F
+
+    from camplib.codegen.fim_tune import heldout_fim_loss
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.llama_style(vocab_size=len(CharTokenizer.SPECIAL) + 128, d_model=16, n_layer=2, n_head=2,
+                                      n_kv_head=1, max_seq_len=96)).eval()
+    texts = ["def f(x):\n    y = x + 1\n\n    return y * 2\n", "import os\nprint(os.sep)\nx = [1, 2]\n"]
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for ids, mask in fim_line_examples(texts, tokenizer, 6, seed=3, max_tokens=48):
+            logits = model(torch.tensor([ids]))[0][0, :-1].float()
+            trained = torch.tensor(mask[1:], dtype=torch.bool)
+            nll += float(F.cross_entropy(logits[trained], torch.tensor(ids[1:])[trained], reduction="sum"))
+            count += int(trained.sum())
+    for batch_size in (1, 4):
+        got = heldout_fim_loss(model, tokenizer, texts, n=6, seed=3, max_tokens=48, batch_size=batch_size)
+        assert abs(got - nll / count) < 1e-5, (batch_size, got, nll / count)
