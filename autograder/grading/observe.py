@@ -22,12 +22,15 @@ Two layers, both process-wide and armed before any of the student's code runs:
   (No new interpreter starts: the sandbox refuses `execve`, autograder.isolation.seccomp.)
 
 In the ranks the grader starts for a distributed test (autograder.grading.rank_pool) a third
-layer reports every torch.distributed collective (`arm_collectives`: kernels on the `c10d`
-operators that every ProcessGroup call goes through, whatever name or wrapper reached them; and
-`wire_backend`: wrappers on the backend's own methods, which skip the dispatcher):
-not forbidden, but what the grader itself saw a rank call, so that "the ring uses point-to-point
-messages only" is checked on its side (`RankPool.run`'s "collectives"), with canaries on a
-one-rank group of the process's own (`collective_plan`).
+layer reports every torch.distributed collective (`wire_collectives`: wrappers on the methods of
+c10d's ProcessGroup, which every `dist.*` collective calls, and of its Backend, which a direct call
+on the backend object reaches): not forbidden, but what the grader itself saw a rank call, so that
+"the ring uses point-to-point messages only" is checked on its side (`RankPool.run`'s
+"collectives"), with canaries on a one-rank group of the process's own (`collective_plan`).
+Wrappers, not kernels on the `c10d` operators: a Python kernel holds the GIL while gloo's enqueue
+waits for its work queue, whose worker thread may need the GIL to free a finished tensor, a
+deadlock (seen in a03's ranks); the bound methods release the GIL as torch's own calls do. A call
+through `torch.ops.c10d` directly is not seen.
 
 Every hit is written at once to `Reporter`'s socket, whose other end only the trusted grader
 holds: inherited by forked children, it cannot be read back from this side (a socket, unlike a
@@ -75,7 +78,7 @@ def ops_for(forbid: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     return mapping
 
 
-# c10d operators of the collectives (ProcessGroup's methods, hence every torch.distributed
+# the collectives, as c10d names their operators (ProcessGroup's methods without the "_": every torch.distributed
 # collective, dispatch to them); a barrier is the course's own (camplib.dist.separate.join_and_run)
 COLLECTIVE_OPS = ("allreduce_", "allreduce_coalesced_", "broadcast_", "reduce_", "allgather_", "_allgather_base_",
                   "allgather_coalesced_", "allgather_into_tensor_coalesced_", "reduce_scatter_",
@@ -87,6 +90,12 @@ BACKEND_METHODS = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "a
                    "allgather_coalesced", "reduce_scatter", "_reduce_scatter_base", "alltoall", "alltoall_base",
                    "gather", "scatter")
 BACKEND_PREFIX = "c10d.Backend."
+# ProcessGroup's newer names for the same operators (what `dist.all_gather_into_tensor`,
+# `reduce_scatter_tensor` and `all_to_all_single` call in torch >= 2.12)
+SINGLE_ALIASES = {"all_gather_single": "_allgather_base_", "reduce_scatter_single": "_reduce_scatter_base_",
+                  "all_to_all_single": "alltoall_base_",
+                  "all_gather_single_coalesced": "allgather_into_tensor_coalesced_",
+                  "reduce_scatter_single_coalesced": "reduce_scatter_tensor_coalesced_"}
 COLLECTIVE_ENTRIES = tuple("c10d::" + op for op in COLLECTIVE_OPS) + tuple(BACKEND_PREFIX + m for m in BACKEND_METHODS)
 
 
@@ -196,31 +205,25 @@ def arm_dispatcher(ops: dict[str, tuple[str, ...]], report) -> torch.library.Lib
     return lib
 
 
-def arm_collectives(report) -> torch.library.Library:
-    """Report-then-original kernels for the `c10d` collectives (COLLECTIVE_OPS) on every backend
-    key with a kernel. Keep the returned library alive."""
-    lib = torch.library.Library("c10d", "IMPL")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for op, entry in zip(COLLECTIVE_OPS, COLLECTIVE_ENTRIES):
-            for key in _runtime_keys():
-                if torch._C._dispatch_has_kernel_for_dispatch_key(entry, key):
-                    lib.impl(op, _kernel(torch.library.get_kernel(entry, key), (entry,), report), key,
-                             with_keyset=True)
-    return lib
-
-
-def wire_backend(report) -> None:
-    """Report-then-original wrappers on c10d Backend's collective methods (BACKEND_METHODS), for
-    the life of this process."""
-    from torch._C._distributed_c10d import Backend
-    for method in BACKEND_METHODS:
-        original, message = getattr(Backend, method), (BACKEND_PREFIX + method,)
+def _wire(cls, methods: tuple[str, ...], entries: tuple[str, ...], report) -> None:
+    for method, entry in zip(methods, entries):
+        original, message = getattr(cls, method), (entry,)
 
         def wrapper(self, *args, _original=original, _message=message, **kwargs):
             report(_message)
             return _original(self, *args, **kwargs)
-        setattr(Backend, method, wrapper)
+        setattr(cls, method, wrapper)
+
+
+def wire_collectives(report) -> None:
+    """Report-then-original wrappers on ProcessGroup's collective methods (COLLECTIVE_OPS, reported
+    as "c10d::<op>") and on Backend's (BACKEND_METHODS), for the life of this process."""
+    from torch._C._distributed_c10d import Backend, ProcessGroup
+    _wire(ProcessGroup, tuple(op.removesuffix("_") for op in COLLECTIVE_OPS),
+          COLLECTIVE_ENTRIES[:len(COLLECTIVE_OPS)], report)
+    _wire(Backend, BACKEND_METHODS, COLLECTIVE_ENTRIES[len(COLLECTIVE_OPS):], report)
+    aliases = {name: "c10d::" + op for name, op in SINGLE_ALIASES.items() if hasattr(ProcessGroup, name)}
+    _wire(ProcessGroup, tuple(aliases), tuple(aliases.values()), report)
 
 
 def _solo_group():
@@ -258,9 +261,8 @@ class Observer:
         self.report = report
         self.tripwires = Tripwires(runtime_entries(forbid), report)
         self.library = arm_dispatcher(ops_for(tuple(forbid)), report)
-        self.collectives = arm_collectives(report) if collectives else None
         if collectives:
-            wire_backend(report)
+            wire_collectives(report)
         self._group = None
 
     def canary(self, plan: list, seed: int) -> None:
@@ -357,5 +359,5 @@ def arm(forbid: list[str], report_fd: int | None, collectives: bool = False) -> 
     return Observer(forbid, Reporter(report_fd), collectives)
 
 
-__all__ = ["COLLECTIVE_ENTRIES", "Observer", "Reporter", "arm", "arm_collectives", "arm_dispatcher", "canary_plan",
-           "collective_name", "collective_plan", "ops_for", "read_reports", "report_channel"]
+__all__ = ["COLLECTIVE_ENTRIES", "Observer", "Reporter", "arm", "arm_dispatcher", "canary_plan",
+           "collective_name", "collective_plan", "ops_for", "read_reports", "report_channel", "wire_collectives"]
