@@ -42,6 +42,20 @@ def test_silu_matches_torch_values_and_gradients(dtype):
     assert torch.isfinite(gx).all()
 
 
+def _check_block_equals(what: str, block, reference, x) -> None:
+    """`block(x)` equals `reference(x)` in fp64 within 1e-12: values, and the gradients of the input
+    and of every weight."""
+    results = []
+    for fn in (block, reference):
+        leaf = x.clone().requires_grad_()
+        out = fn(leaf)
+        results.append((out, torch.autograd.grad(out.square().sum(), [leaf, *block.parameters()])))
+    (out, grads), (ref, ref_grads) = results
+    check_close(f"{what} output", out, ref, atol=1e-12, rtol=1e-12)
+    for name, g, r in zip(["input", *dict(block.named_parameters())], grads, ref_grads):
+        check_close(f"{what} d/d {name}", g, r, atol=1e-12, rtol=1e-12)
+
+
 def test_silu_saves_only_its_input():
     """Its backward recomputes sigmoid(x) from x instead of keeping it: F.silu's memory. (~0.01 s)"""
     def saved_by(fn):
@@ -61,15 +75,7 @@ def test_model_swiglu_equals_the_written_out_silu():
     torch.manual_seed(0)
     block = SwiGLU(GPTConfig.llama_style(d_model=16, d_ff=40)).double()
     x = torch.randn(2, 5, 16, dtype=torch.float64)
-    results = []
-    for fn in (block, lambda t: block.down(silu(block.gate(t)) * block.up(t))):
-        leaf = x.clone().requires_grad_()
-        out = fn(leaf)
-        results.append((out, torch.autograd.grad(out.square().sum(), [leaf, *block.parameters()])))
-    (out, grads), (ref, ref_grads) = results
-    check_close("SwiGLU output", out, ref, atol=1e-12, rtol=1e-12)
-    for name, g, r in zip(["input", *dict(block.named_parameters())], grads, ref_grads):
-        check_close(f"SwiGLU d/d {name}", g, r, atol=1e-12, rtol=1e-12)
+    _check_block_equals("SwiGLU", block, lambda t: block.down(silu(block.gate(t)) * block.up(t)), x)
 
 
 def test_swiglu_is_silu_times_up():
@@ -122,12 +128,4 @@ def test_model_mlp_equals_torch_gelu(approximate):
     torch.manual_seed(0)
     block = MLP(GPTConfig.gpt2_style(d_model=16, d_ff=40, gelu_approximate=approximate)).double()
     x = torch.randn(2, 5, 16, dtype=torch.float64) * 3
-    results = []
-    for fn in (block, lambda t: block.proj(F.gelu(block.fc(t), approximate=approximate))):
-        leaf = x.clone().requires_grad_()
-        out = fn(leaf)
-        results.append((out, torch.autograd.grad(out.square().sum(), [leaf, *block.parameters()])))
-    (out, grads), (ref, ref_grads) = results
-    check_close("MLP output", out, ref, atol=1e-12, rtol=1e-12)
-    for name, g, r in zip(["input", *dict(block.named_parameters())], grads, ref_grads):
-        check_close(f"MLP d/d {name}", g, r, atol=1e-12, rtol=1e-12)
+    _check_block_equals("MLP", block, lambda t: block.proj(F.gelu(block.fc(t), approximate=approximate)), x)

@@ -7,10 +7,11 @@ from camplib.model import GPT, GPTConfig
 from camplib.profiling import flops_per_token, format_table, mfu, profile_step
 
 
-def test_profile_of_a_gpt_training_step_lists_its_costly_operators():
+def _gpt_training_step(fused: bool):
+    """One training step of a one-layer GPT (AdamW, torch's fused kernel when `fused`), as a closure."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, n_layer=1, d_model=32, n_head=2, max_seq_len=16))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
     x = torch.randint(0, 64, (2, 16))
 
     def step():
@@ -18,7 +19,11 @@ def test_profile_of_a_gpt_training_step_lists_its_costly_operators():
         opt.zero_grad()
         loss.backward()
         opt.step()
+    return step
 
+
+def test_profile_of_a_gpt_training_step_lists_its_costly_operators():
+    step = _gpt_training_step(fused=False)
     rows = profile_step(step, warmup=1, top=1000)   # every operator: which ones lead depends on the machine's load
     assert [r.self_ms for r in rows] == sorted((r.self_ms for r in rows), reverse=True), "not sorted by self time"
     names = {r.name for r in rows}
@@ -55,17 +60,7 @@ def test_op_cpu_times_counts_a_gpt_steps_operators_backward_included():
     Linear's backward is two mm per weight), the fused optimizer, sorted, and less than the step. (~0.1 s)"""
     from camplib.profiling import op_cpu_times
 
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=64, n_layer=1, d_model=32, n_head=2, max_seq_len=16))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    x = torch.randint(0, 64, (2, 16))
-
-    def step():
-        _, loss = model(x[:, :-1], x[:, 1:])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
+    step = _gpt_training_step(fused=True)
     rows, total = op_cpu_times(step, warmup=1)
     calls = {r.name: r.calls for r in rows}
     # forward: qkv, proj, fc, mlp proj (addmm, with bias) and the tied head (mm); backward: a grad
