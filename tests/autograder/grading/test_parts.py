@@ -495,3 +495,34 @@ def test_each_sandbox_gets_its_share_of_the_cores_in_threads_at_most_omp_num_thr
         shares = [_share(GradeOptions(jobs=j)) for j in (1, 2)]
         assert [s["threads"] for s in shares] == expected, value
         assert [s["cpus"] for s in shares] == [8.0, 4.0], "the CPU quota stays the share of the cores"
+
+
+def test_the_collectives_layer_sees_every_dist_collective(tmp_path):
+    """wire_collectives reports the torch.distributed collectives a process calls, torch 2.13's
+    `*_single` paths (all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single) included;
+    the wrapped classes are restored afterwards. (~0.5 s)"""
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import Backend, ProcessGroup
+
+    from autograder.grading.observe import collective_name, wire_collectives
+
+    saved = {cls: dict(vars(cls)) for cls in (ProcessGroup, Backend)}
+    seen = []
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        wire_collectives(lambda message: seen.append(collective_name(message[0])))
+        x = torch.ones(4)
+        dist.all_reduce(x)
+        dist.broadcast(x, 0)
+        dist.all_gather_into_tensor(torch.empty(4), x)
+        dist.reduce_scatter_tensor(torch.empty(4), x)
+        dist.all_to_all_single(torch.empty(4), x)
+        dist.barrier()
+        assert seen[:5] == ["allreduce", "broadcast", "_allgather_base", "_reduce_scatter_base", "alltoall_base"], seen
+    finally:
+        for cls, attrs in saved.items():
+            for name, value in attrs.items():
+                if vars(cls).get(name) is not value:
+                    setattr(cls, name, value)
+        dist.destroy_process_group()
