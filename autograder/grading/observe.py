@@ -29,8 +29,12 @@ on the backend object reaches): not forbidden, but what the grader itself saw a 
 "collectives"), with canaries on a one-rank group of the process's own (`collective_plan`).
 Wrappers, not kernels on the `c10d` operators: a Python kernel holds the GIL while gloo's enqueue
 waits for its work queue, whose worker thread may need the GIL to free a finished tensor, a
-deadlock (seen in a03's ranks); the bound methods release the GIL as torch's own calls do. A call
-through `torch.ops.c10d` directly is not seen.
+deadlock (seen in a03's ranks); the bound methods release the GIL as torch's own calls do. The
+operators' Python names (`torch.ops.c10d.allreduce_`, `torch.ops._c10d_functional.all_reduce`)
+report through proxies on their namespaces (autograder.grading.collective_ops), Python calls in
+front of torch's own in the same way. Not seen: C++ that calls a collective itself (DDP's Reducer,
+`dist._broadcast_coalesced`) and the originals reached past these wrappers (`__closure__`, gc),
+or fresh operators from torch's private constructors: the static scan refuses those names.
 
 Every hit is written at once to `Reporter`'s socket, whose other end only the trusted grader
 holds: inherited by forked children, it cannot be read back from this side (a socket, unlike a
@@ -47,6 +51,7 @@ from functools import lru_cache
 
 import torch
 
+from .collective_ops import OP_ENTRIES, OPS_PREFIX, op_canary, wire_ops
 from .entries import Rules, alias_of, resolve, rules_for
 from .tripwires import Tripwires
 
@@ -96,19 +101,31 @@ SINGLE_ALIASES = {"all_gather_single": "_allgather_base_", "reduce_scatter_singl
                   "all_to_all_single": "alltoall_base_",
                   "all_gather_single_coalesced": "allgather_into_tensor_coalesced_",
                   "reduce_scatter_single_coalesced": "reduce_scatter_tensor_coalesced_"}
-COLLECTIVE_ENTRIES = tuple("c10d::" + op for op in COLLECTIVE_OPS) + tuple(BACKEND_PREFIX + m for m in BACKEND_METHODS)
+COLLECTIVE_ENTRIES = tuple("c10d::" + op for op in COLLECTIVE_OPS) + tuple(BACKEND_PREFIX + m for m in BACKEND_METHODS) \
+    + OP_ENTRIES   # the operators by their Python names, torch.ops.c10d.allreduce_ (collective_ops)
 
 
 def collective_name(entry: str) -> str:
     """"c10d::_allgather_base_" or "c10d.Backend._allgather_base" -> "_allgather_base": the
-    ProcessGroup method's name (camplib.dist.counting's names)."""
-    return entry.removeprefix(BACKEND_PREFIX).removeprefix("c10d::").removesuffix("_")
+    ProcessGroup method's name (camplib.dist.counting's names); "ops._c10d_functional::all_reduce"
+    -> "_c10d_functional::all_reduce" (an operator of another namespace keeps it)."""
+    return entry.removeprefix(OPS_PREFIX).removeprefix(BACKEND_PREFIX).removeprefix("c10d::").removesuffix("_")
 
 
+@lru_cache(maxsize=1)
 def collective_plan() -> tuple[tuple[str, str, int], ...]:
-    """A canary for every watched collective, both layers (run on a one-rank group of the rank's own)."""
-    return tuple((entry, "backend" if entry.startswith(BACKEND_PREFIX) else "collective", 0)
-                 for entry in COLLECTIVE_ENTRIES)
+    """A canary for every watched collective, each layer (ProcessGroup's and Backend's run on a
+    one-rank group of the rank's own; an operator's is a call that torch refuses after the report),
+    the operators this torch has."""
+    return tuple((entry, "backend" if entry.startswith(BACKEND_PREFIX) else "op" if entry.startswith(OPS_PREFIX)
+                  else "collective", 0) for entry in COLLECTIVE_ENTRIES
+                 if not entry.startswith(OPS_PREFIX) or _has_op(entry))
+
+
+def _has_op(entry: str) -> bool:
+    import torch.distributed  # noqa: F401  (registers the c10d operators)
+    ns, op = entry.removeprefix(OPS_PREFIX).split("::")
+    return torch._C._dispatch_has_kernel(f"{ns}::{op}")
 
 
 # -- reporting ----------------------------------------------------------------------------------
@@ -205,25 +222,31 @@ def arm_dispatcher(ops: dict[str, tuple[str, ...]], report) -> torch.library.Lib
     return lib
 
 
+def _reporting(original, message: tuple[str, ...], report):
+    """The method `original`, reporting `message` first. The original lives in the closure only
+    (not a default argument, which `inspect.signature` or `__kwdefaults__` would hand out)."""
+    def wrapper(self, *args, **kwargs):
+        report(message)
+        return original(self, *args, **kwargs)
+    return wrapper
+
+
 def _wire(cls, methods: tuple[str, ...], entries: tuple[str, ...], report) -> None:
     for method, entry in zip(methods, entries):
-        original, message = getattr(cls, method), (entry,)
-
-        def wrapper(self, *args, _original=original, _message=message, **kwargs):
-            report(_message)
-            return _original(self, *args, **kwargs)
-        setattr(cls, method, wrapper)
+        setattr(cls, method, _reporting(getattr(cls, method), (entry,), report))
 
 
 def wire_collectives(report) -> None:
     """Report-then-original wrappers on ProcessGroup's collective methods (COLLECTIVE_OPS, reported
-    as "c10d::<op>") and on Backend's (BACKEND_METHODS), for the life of this process."""
+    as "c10d::<op>"), on Backend's (BACKEND_METHODS) and on the c10d operators' Python names
+    (collective_ops), for the life of this process."""
     from torch._C._distributed_c10d import Backend, ProcessGroup
     _wire(ProcessGroup, tuple(op.removesuffix("_") for op in COLLECTIVE_OPS),
           COLLECTIVE_ENTRIES[:len(COLLECTIVE_OPS)], report)
     _wire(Backend, BACKEND_METHODS, COLLECTIVE_ENTRIES[len(COLLECTIVE_OPS):], report)
     aliases = {name: "c10d::" + op for name, op in SINGLE_ALIASES.items() if hasattr(ProcessGroup, name)}
     _wire(ProcessGroup, tuple(aliases), tuple(aliases.values()), report)
+    wire_ops(report)
 
 
 def _solo_group():
@@ -270,6 +293,9 @@ class Observer:
         the grader on the channel (nothing this process says about them is believed)."""
         for entry, way, index in plan:
             try:
+                if way == "op":
+                    op_canary(entry)
+                    continue
                 if way in ("collective", "backend"):
                     self._group = self._group or _solo_group()
                     target = self._group if way == "collective" else self._group._get_backend(torch.device("cpu"))

@@ -499,12 +499,16 @@ def test_each_sandbox_gets_its_share_of_the_cores_in_threads_at_most_omp_num_thr
 
 def test_the_collectives_layer_sees_every_dist_collective(tmp_path):
     """wire_collectives reports the torch.distributed collectives a process calls, torch 2.13's
-    `*_single` paths (all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single) included;
-    the wrapped classes are restored afterwards. (~0.5 s)"""
+    `*_single` paths (all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single) included,
+    and the c10d operators called by their Python names (`torch.ops.c10d.allreduce_`, its
+    `.default`, the functional collectives), whose proxies hand out no way past the report; the
+    wrapped classes and op namespaces are restored afterwards. (~0.6 s)"""
     import torch
     import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
     from torch._C._distributed_c10d import Backend, ProcessGroup
 
+    from autograder.grading.collective_ops import OP_COLLECTIVES
     from autograder.grading.observe import collective_name, wire_collectives
 
     saved = {cls: dict(vars(cls)) for cls in (ProcessGroup, Backend)}
@@ -520,9 +524,21 @@ def test_the_collectives_layer_sees_every_dist_collective(tmp_path):
         dist.all_to_all_single(torch.empty(4), x)
         dist.barrier()
         assert seen[:5] == ["allreduce", "broadcast", "_allgather_base", "_reduce_scatter_base", "alltoall_base"], seen
+        del seen[:]
+        group, op = dist.group.WORLD.boxed(), torch.classes.c10d.ReduceOp()
+        torch.ops.c10d.allreduce_([x], group, op, None, False, -1)[1].wait()
+        torch.ops.c10d.broadcast_.default([x], group, 0, 0, False, -1)[1].wait()
+        y = funcol.all_reduce(x, "sum", dist.group.WORLD) + 0
+        assert seen == ["allreduce", "broadcast", "_c10d_functional::all_reduce"] and y.tolist() == [1.0] * 4, seen
+        for way_past in ("_op", "op", "redispatch", "_overloadpacket", "py_kernels"):
+            with pytest.raises(AttributeError, match="not available in the grader's ranks"):
+                getattr(torch.ops.c10d.allreduce_.default, way_past)
     finally:
         for cls, attrs in saved.items():
             for name, value in attrs.items():
                 if vars(cls).get(name) is not value:
                     setattr(cls, name, value)
+        for ns, ops in OP_COLLECTIVES.items():   # the next lookup makes torch's own packet again
+            for name in ops:
+                vars(getattr(torch.ops, ns)).pop(name, None)
         dist.destroy_process_group()
