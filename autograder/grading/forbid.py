@@ -65,6 +65,14 @@ _MACHINERY = re.compile(r"(torch_dispatch|_dispatch_|dispatch_mode|python_dispat
                         r"_current_frames|getclosurevars|^unwrap$|^_?push_mode$|^_?pop_mode$|_disable_current_modes|"
                         r"^(Observer|_OpObserver|Tripwires|called_by_student|canary\w*|_canary\w*|Runner|observer|"
                         r"tripwires|student_process|sandbox_init)$)")
+# torch.distributed's collectives below the layers a rank's observer wraps (observe.py,
+# collective_ops.py): the c10d operators by their Python names, the raw C++ module, torch's private
+# constructors of fresh operators, C++ that calls collectives itself. Denied by attribute name
+# (whatever the object) and for any path through torch._ops.
+_BELOW_OBSERVED = {"c10d", "c10d_functional", "_c10d_functional", "_c10d_functional_autograd", "_dtensor",
+                   "_distributed_c10d", "_OpNamespace", "OpOverloadPacket", "_jit_get_operation",
+                   "_get_operation_overload", "_broadcast_coalesced", "_verify_params_across_processes"}
+_BELOW_OBSERVED_PATHS = ("torch._ops", "torch.distributed.Reducer", "torch.jit.CompilationUnit")
 _OPAQUE_CALLS = {"exec", "eval", "compile", "__import__", "importlib.import_module", "importlib.__import__",
                  "builtins.exec", "builtins.eval", "builtins.compile"}
 _LOADERS = {"importlib.reload", "imp.reload", "importlib.machinery", "importlib.util.spec_from_file_location",
@@ -260,6 +268,10 @@ class _Scan:
             self.find(f"uses {path}, which loads or replaces code the grader cannot check", node)
         if any(".".join(parts[:i]) in _PATCHERS for i in range(1, len(parts) + 1)):
             self.find(f"uses {path}, which replaces library functions while it is active (tampering)", node)
+        below = next((p for p in parts if p in _BELOW_OBSERVED), None) or next(
+            (b for b in _BELOW_OBSERVED_PATHS if path == b or path.startswith(b + ".")), None)
+        if below:
+            self.find(_below_message(path), node)
         if any(_MACHINERY.search(p) for p in parts) or (parts[0] == "autograder" and len(parts) > 1
                                                         and parts[1] not in ("checks", "text")):
             self.find(f"uses {path}, part of the machinery that observes calls during grading", node)
@@ -274,10 +286,7 @@ class _Scan:
             elif isinstance(node, ast.Attribute) and node.attr not in self.own:
                 self.hit(self.rules.by_attribute(node.attr))
         if isinstance(node, ast.Attribute):
-            if node.attr in _REACH_PAST:
-                self.find(f"reads {node.attr}, which reaches past the library's own functions", node)
-            elif _MACHINERY.search(node.attr):
-                self.find(f"uses .{node.attr}, part of the machinery that observes calls during grading", node)
+            self.attribute_name(node.attr, node)
             if node.attr == "__dict__":
                 held = self.carriers(node.value)
                 if held:
@@ -317,6 +326,16 @@ class _Scan:
                 self.check_write(t, value, node)
         if isinstance(node, ast.Call):
             self.check_call(node)
+
+    def attribute_name(self, attr: str, node) -> None:
+        """An attribute read by this name, on whatever object: reaching past wrappers, into the
+        observing machinery, below the collectives the grader observes."""
+        if attr in _REACH_PAST:
+            self.find(f"reads {attr}, which reaches past the library's own functions", node)
+        elif _MACHINERY.search(attr):
+            self.find(f"uses .{attr}, part of the machinery that observes calls during grading", node)
+        elif attr in _BELOW_OBSERVED and attr not in self.own:
+            self.find(_below_message("." + attr), node)
 
     def check_write(self, target, value, node) -> None:
         for t in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]):
@@ -385,6 +404,8 @@ class _Scan:
                 self.find(f"calls {name}() with a computed name: the grader cannot check it", node)
             else:
                 self.hit(e for part in key.split(".") for e in self.rules.by_attribute(part) if part not in self.own)
+                for part in key.split("."):
+                    self.attribute_name(part, node)
         elif name in _DYNAMIC_LOOKUPS and node.args:
             self.dynamic_lookup(node, name)
         if writes_code(node, name, self.literal):
@@ -434,6 +455,7 @@ class _Scan:
         if key_node is None:
             return
         if key is not None:
+            self.attribute_name(key, node)
             if not held and key not in self.own:
                 self.hit(self.rules.by_attribute(key), f"{_show(node)} looks up {key!r}", node)
             for owner in held:
@@ -447,6 +469,11 @@ class _Scan:
         if pattern is None:
             self.opaque.append((self.line(node) or 0, _show(node)))
             return
+        past = could_be(pattern, sorted(_REACH_PAST | _BELOW_OBSERVED))
+        if past:
+            self.find(f"{_show(node)} builds an attribute name at run time that could spell {_names(past)}, "
+                      "which reach past the library's own functions or below what the grader observes: "
+                      "write the attribute's name literally", node)
         entries = [e for e in self.rules.callables if could_be(pattern, self.rules.candidates(e))]
         self.hit(entries, f"{_show(node)} builds an attribute name at run time that could spell "
                           f"{_names(entries)}. Write the attribute's name literally", node)
@@ -494,6 +521,11 @@ class _Scan:
             self.run(tree)
         finally:
             self.outer_line, self.env = outer, env
+
+
+def _below_message(what: str) -> str:
+    return (f"uses {what}, which calls torch.distributed's collectives below the layer the grader observes "
+            "(call torch.distributed's own functions: dist.send, dist.isend, dist.all_reduce...)")
 
 
 def _always_guarded(owner: str) -> bool:
