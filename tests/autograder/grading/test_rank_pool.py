@@ -3,7 +3,8 @@ sandbox per rank, sharing the student's sandbox's loopback network and nothing e
 receiving only its own input. A rank cannot see another's files (/tmp, /dev/shm) or processes;
 nor reach its abstract Unix sockets (a rank may open none, autograder.isolation.seccomp);
 what it sends on the loopback network counts in the grader's measurement, and the collectives
-it calls are what the grader's observer saw (whichever way they were called); the course's rank
+it calls are what the grader's observer saw (whichever way they were called, the c10d operators'
+Python names included); the course's rank
 function runs the student's function there and the same call in a notebook forks the ranks.
 Needs root and bubblewrap for the sandbox tests (skipped elsewhere with that reason)."""
 import pytest
@@ -72,6 +73,14 @@ def by_collectives(t):
     return t
 
 
+def by_ops(t):
+    """The same through the operators' Python names: torch.ops.c10d's, then the functional one."""
+    import torch.distributed._functional_collectives as funcol
+    group, op = dist.group.WORLD.boxed(), torch.classes.c10d.ReduceOp()
+    torch.ops.c10d.allreduce_.default([t], group, op, None, False, -1)[1].wait()
+    return funcol.all_reduce(t, "sum", dist.group.WORLD) + 0
+
+
 def ring_sum(t):
     r, n = dist.get_rank(), dist.get_world_size()
     acc, piece = t.clone(), t.clone()
@@ -132,6 +141,8 @@ def test_the_pool_runs_each_rank_on_its_own_input_in_its_own_sandbox(main):
                                         RemoteObject(main.session, "ring_sum", "ring_sum"), inputs)
         collective = checks.separate_ranks("camplib.dist.harness.collective_rank",
                                            RemoteObject(main.session, "by_collectives", "by_collectives"), inputs[:2])
+        by_ops = checks.separate_ranks("camplib.dist.harness.collective_rank",
+                                       RemoteObject(main.session, "by_ops", "by_ops"), inputs[:2])
         with pytest.raises(StudentError, match="rank 0 of 2.*not defined in your notebook"):
             checks.separate_ranks("camplib.dist.harness.collective_rank",
                                   RemoteObject(main.session, "missing", "missing"), inputs[:2])
@@ -145,6 +156,8 @@ def test_the_pool_runs_each_rank_on_its_own_input_in_its_own_sandbox(main):
     assert out["collectives"] == [[]] * 3, out   # what the grader saw: sends only
     assert [o.tolist() for o in collective["outputs"]] == [[3.0] * 3] * 2
     assert collective["collectives"] == [["allreduce", "broadcast"]] * 2, collective
+    assert [o.tolist() for o in by_ops["outputs"]] == [[6.0] * 3] * 2
+    assert by_ops["collectives"] == [["_c10d_functional::all_reduce", "allreduce"]] * 2, by_ops
     assert wire.sent >= 3 * 2 * 24
 
 
