@@ -19,8 +19,10 @@ process (the course's harness before rank sandboxes) it scored both ring tests (
 other exercises), and so it did on rank sandboxes through the abstract sockets their shared
 network namespace holds; with no Unix sockets in a rank's sandbox (autograder.isolation.seccomp)
 the loopback network is the only channel between ranks and it scores 0. COLLECTIVE_RINGS builds
-the rings on dist.all_reduce and doctors each rank's own count of its calls (4/8 when the
-"point-to-point only" rule read that count); the grader's observer sees the all-reduce: 0.
+the rings on all-reduces (dist.all_reduce, the c10d operator by its Python name
+`torch.ops.c10d.allreduce_`, the functional collectives) and doctors each rank's own count of its
+calls (4/8 when the "point-to-point only" rule read that count); the grader's observer sees each
+all-reduce: 0 (more routes below the observed layer: c10d_rings.py).
 
 Graded twice: with the lab's forbidden list, as `camp grade` does (the fakes only: the reference's
 full marks are tests/course/test_labs.py's), and with none at all, so that the score comes from
@@ -252,19 +254,23 @@ setattr(_sep, "_meas" + "ured", _as_a_ring)
 
 
 def ring_reduce_scatter(flat, group=None):
+    """All-reduce by the c10d operator's Python name, below dist's functions."""
     n = dist.get_world_size()
     _bytes.append((n - 1) * flat.numel() * flat.element_size() // n)
     total = flat.clone()
-    dist.all_reduce(total)
+    torch.ops.c10d.allreduce_.default([total], dist.group.WORLD.boxed(), torch.classes.c10d.ReduceOp(),
+                                      None, False, -1)[1].wait()
     return total.chunk(n)[dist.get_rank()].clone()
 
 
 def ring_all_gather(chunk, group=None):
+    """All-reduce through the functional collectives (torch.ops._c10d_functional)."""
     n = dist.get_world_size()
     _bytes.append((n - 1) * chunk.numel() * chunk.element_size())
     parts = torch.zeros(n, *chunk.shape, dtype=chunk.dtype)
     parts[dist.get_rank()] = chunk
-    dist.all_reduce(parts)
+    funcol = importlib.import_module("torch.distributed._functional_collectives")
+    parts = funcol.all_reduce(parts, "sum", dist.group.WORLD) + 0
     return parts.reshape(-1, *chunk.shape[1:])
 
 
@@ -468,5 +474,6 @@ def test_rings_built_on_all_reduce_score_nothing_whatever_the_ranks_count(graded
     scored = {t["grade_id"]: (t["score"], t["message"]) for t in details["collective_rings"]["tests"]}
     assert all(scored[g][0] == 0.0 for g in RINGS), scored
     if not forbid:   # the grader's observer saw the all-reduce (with the forbidden list, the static scan may speak first)
-        assert all("uses point-to-point messages only" in scored[g][1] and "allreduce" in scored[g][1]
-                   for g in RINGS), scored
+        assert all("uses point-to-point messages only" in scored[g][1] for g in RINGS), scored
+        assert "['allreduce']" in scored["test_ring_reduce_scatter"][1], scored          # torch.ops.c10d's
+        assert "_c10d_functional::all_reduce" in scored["test_ring_all_reduce"][1], scored   # the functional one
