@@ -72,7 +72,7 @@ _MACHINERY = re.compile(r"(torch_dispatch|_dispatch_|dispatch_mode|python_dispat
 _BELOW_OBSERVED = {"c10d", "c10d_functional", "_c10d_functional", "_c10d_functional_autograd", "_dtensor",
                    "_distributed_c10d", "_OpNamespace", "OpOverloadPacket", "_jit_get_operation",
                    "_get_operation_overload", "_broadcast_coalesced", "_verify_params_across_processes"}
-_BELOW_OBSERVED_PATHS = ("torch._ops", "torch.distributed.Reducer", "torch.jit.CompilationUnit")
+_BELOW_OBSERVED_PATHS = ("torch._ops", "torch.distributed.Reducer")
 _OPAQUE_CALLS = {"exec", "eval", "compile", "__import__", "importlib.import_module", "importlib.__import__",
                  "builtins.exec", "builtins.eval", "builtins.compile"}
 _LOADERS = {"importlib.reload", "imp.reload", "importlib.machinery", "importlib.util.spec_from_file_location",
@@ -80,7 +80,8 @@ _LOADERS = {"importlib.reload", "imp.reload", "importlib.machinery", "importlib.
             "marshal", "types.CodeType", "types.FunctionType", "types.ModuleType", "pickle.loads", "pickle.load",
             "pickle.Unpickler", "_pickle", "dill", "cloudpickle", "sys.modules", "sys.path", "sys.meta_path",
             "sys.path_hooks", "sys.setprofile", "sys.settrace", "threading.setprofile", "threading.settrace",
-            "gc.get_objects", "gc.get_referents", "gc.get_referrers", "builtins", "ctypes.pythonapi"}
+            "gc.get_objects", "gc.get_referents", "gc.get_referrers", "builtins", "ctypes.pythonapi",
+            "torch.jit.load", "torch.jit.CompilationUnit", "torch.package"}   # TorchScript from a string or file
 # Replace library attributes for a while (tampering whatever the target).
 _PATCHERS = {"unittest.mock.patch", "mock.patch", "pytest.MonkeyPatch", "_pytest.monkeypatch", "pytest.monkeypatch"}
 # Types that only make code when called: naming them in a type test (`isinstance(f, types.FunctionType)`,

@@ -29,6 +29,8 @@ PRELUDE = "import importlib, inspect, operator, sys\nimport torch\nimport torch.
     ("f = torch._ops.OpOverloadPacket", "below the layer the grader observes"),
     ("ns = torch._ops._OpNamespace('c10d')", "below the layer the grader observes"),
     ("dist._broadcast_coalesced(g, [t], 1024, 0)", "below the layer the grader observes"),
+    ("cu = torch.jit.CompilationUnit(code)", "loads or replaces code"),     # TorchScript calls operators by name
+    ("m = torch.jit.load(io)", "loads or replaces code"),
     ("def f(x):\n    return x.c10d", "below the layer the grader observes"),
     # the wrappers' originals
     ("f = dist.ProcessGroup.allreduce.__closure__[0].cell_contents", "reaches past"),
