@@ -470,8 +470,12 @@ class _Scan:
         if pattern is None:
             self.opaque.append((self.line(node) or 0, _show(node)))
             return
-        # a name with letters of its own that could spell one (not `f"__{op}__"`, honest dispatch on dunders)
-        past = could_be(pattern, sorted(_REACH_PAST | _BELOW_OBSERVED)) if re.sub(r"\.\*|\\|[_()|?:]", "", pattern) else []
+        if not re.sub(r"\.\*|\\|[_()|?:]", "", pattern):
+            # no letters of its own (`"_" + name`, `f"__{op}__"`): honest dispatch on an object's own
+            # attributes, as opaque as a plain variable (a module it could reach is handled above)
+            self.opaque.append((self.line(node) or 0, _show(node)))
+            return
+        past = could_be(pattern, sorted(_REACH_PAST | _BELOW_OBSERVED))
         if past:
             self.find(f"{_show(node)} builds an attribute name at run time that could spell {_names(past)}, "
                       "which reach past the library's own functions or below what the grader observes: "

@@ -40,6 +40,9 @@ HONEST = {
                               "            x = getattr(self, f'layer_{i}')(x)\n        return x\n",
     "opaque_names_on_own_objects": "def copy_fields(src, dst, names):\n    for name in names:\n"
                                    "        setattr(dst, name, getattr(src, name))\n",
+    "private_attribute_by_suffix": "class Cache:\n    def __init__(self):\n        self._softmax = None\n"
+                                   "    def get(self, name):\n        return getattr(self, '_' + name)\n"
+                                   "    def dunder(self, op, x):\n        return getattr(x, f'__{op}__')()\n",
     "submodule_by_path": "def swap(model, path, new):\n    parent_name, _, child = path.rpartition('.')\n"
                          "    parent = model.get_submodule(parent_name)\n    old = getattr(parent, child)\n"
                          "    setattr(parent, child, new)\n    return old\n",
