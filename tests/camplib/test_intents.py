@@ -100,7 +100,7 @@ def test_more_phrasings_widen_training_only_and_copy_no_held_out_wording():
     """camplib.intents.more_phrasings (a06's recipe trains on them): 24 new phrasings per intent,
     none a held-out phrasing of any intent, nor a near copy (word overlap or characters), nor
     naming a held-out product or time; the held-out split stays the same request for request."""
-    held = [h for intent in INTENTS for h in phrasings(intent, held_out=True)]
+    held_words = [(h.lower(), _words(h)) for intent in INTENTS for h in phrasings(intent, held_out=True)]
     every = {t.lower() for ts in TEMPLATES.values() for t in ts}
     held_slots = [*intent_data._PRODUCTS[1], *intent_data._WHEN[1]]
     for intent in INTENTS:
@@ -112,17 +112,18 @@ def test_more_phrasings_widen_training_only_and_copy_no_held_out_wording():
             assert t.lower() not in every, t
             assert set(re.findall(r"{(\w+)}", t)) <= {"product", "order", "when"}, t
             assert not any(re.search(rf"\b{s.lower()}\b", t.lower()) for s in held_slots), t
-            chars = difflib.SequenceMatcher(None, t.lower())
-            for h in held:
-                overlap = len(_words(t) & _words(h)) / len(_words(t) | _words(h))
-                chars.set_seq2(h.lower())
+            chars, words = difflib.SequenceMatcher(None, "", t.lower()), _words(t)   # t's counts made once
+            for h, h_words in held_words:
+                overlap = len(words & h_words) / len(words | h_words)
+                chars.set_seq1(h)
                 similar = chars.quick_ratio() >= 0.75 and chars.ratio() >= 0.75     # quick_ratio bounds ratio
                 assert overlap < 0.5 and not similar, (t, h, round(overlap, 2), round(chars.ratio(), 2))
     plain, wide = make_intent_dataset(48, 24, seed=3), make_intent_dataset(48, 24, seed=3, more_phrasings=True)
     assert wide["test"] == plain["test"] and wide["train"] != plain["train"]
     clean = make_intent_dataset(42, 6, seed=1, noise=0.0, more_phrasings=True)
-    pieces = {t: _pieces(t) for ts in MORE_PHRASINGS.values() for t in ts}
-    used = {t for text in map(str.lower, clean["train"][0]) for t, ps in pieces.items() if ps and all(p in text for p in ps)}
+    pieces = {intent: [(t, _pieces(t)) for t in ts] for intent, ts in MORE_PHRASINGS.items()}
+    used = {t for text, label in zip(*clean["train"]) for t, ps in pieces[INTENTS[label]]
+            if ps and all(p in text.lower() for p in ps)}
     assert len(used) > 200, len(used)                          # the new wording is in training
     for text, label in zip(*clean["train"]):
         assert not any(all(p in text.lower() for p in _pieces(t)) for t in phrasings(INTENTS[label], True)
