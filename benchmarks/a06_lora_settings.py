@@ -60,8 +60,10 @@ def validation_split():
              data_module._AFTER)
     train_phrasings = saved[0]
 
-    def phrasings(intent, held_out=False):
-        return [t for i, t in enumerate(train_phrasings(intent, False)) if (i % 6 == 5) == held_out]
+    def phrasings(intent, held_out=False, more=False):    # more_phrasings' wording: training only, as in the real split
+        base = [t for i, t in enumerate(train_phrasings(intent, False)) if (i % 6 == 5) == held_out]
+        return base + (train_phrasings(intent, False, True)[len(train_phrasings(intent, False)):]
+                       if more and not held_out else [])
 
     products, when = saved[1][0], saved[2][0]
     data_module.phrasings = phrasings
@@ -95,6 +97,8 @@ def main() -> None:
     ap.add_argument("--ntest", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                    help="--method recipe: replace one of RECIPE's settings, e.g. --set extra_per_intent=192")
     ap.add_argument("--out", default=None, help="append the JSON line to this file")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -103,9 +107,10 @@ def main() -> None:
         d = data_module.make_intent_dataset(a.ntrain, a.ntest, seed=a.seed)
         (train_x, train_y), (test_x, test_y) = d["train"], d["test"]
         if a.method == "recipe":        # its training-side requests are drawn inside, in this split
-            clf, losses = train_recipe(train_x, train_y, d["intents"], seed=a.seed)
-            settings, probe, tuned = dict(RECIPE), None, start
-            n_train = len(train_x) + RECIPE["extra_per_intent"] * len(d["intents"])
+            overrides = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in a.set)}
+            clf, losses = train_recipe(train_x, train_y, d["intents"], seed=a.seed, **overrides)
+            settings, probe, tuned = {**RECIPE, **overrides}, None, start
+            n_train = len(train_x) + settings["extra_per_intent"] * len(d["intents"])
         elif a.extra:
             train_x, train_y = recipe_training_set(train_x, train_y, a.extra, a.seed)
     if a.method != "recipe":

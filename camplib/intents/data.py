@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 import re
 
+from camplib.intents.more_phrasings import MORE_PHRASINGS
 from camplib.intents.templates import TEMPLATES
 
 __all__ = ["INTENTS", "make_intent_dataset", "phrasings", "products", "add_noise"]
@@ -50,12 +51,14 @@ def _split(items: list, held_out: bool) -> list:
     return [t for i, t in enumerate(items) if (i % 4 == 3) == held_out]
 
 
-def phrasings(intent: str, held_out: bool = False) -> list[str]:
+def phrasings(intent: str, held_out: bool = False, more: bool = False) -> list[str]:
     """The request templates of `intent` ({product}, {order}, {when} slots) in one split: every
-    fourth is held out. Public so that other data sets (p02's dialogues) reuse the wording."""
+    fourth is held out. With `more`, the training side also gets camplib.intents.more_phrasings'
+    24 (the held-out side never does). Public so that other data sets (p02's dialogues) reuse
+    the wording."""
     if intent not in TEMPLATES:
         raise ValueError(f"unknown intent {intent!r}; known: {INTENTS}")
-    return _split(TEMPLATES[intent], held_out)
+    return _split(TEMPLATES[intent], held_out) + (MORE_PHRASINGS[intent] if more and not held_out else [])
 
 
 def products(held_out: bool = False) -> list[str]:
@@ -114,23 +117,32 @@ def _request(intent: str, template: str, rng: random.Random, held_out: bool, noi
 
 
 def make_intent_dataset(n_train_per_intent: int = 40, n_test_per_intent: int = 20, seed: int = 0,
-                        noise: float = 0.5) -> dict:
+                        noise: float = 0.5, more_phrasings: bool = False) -> dict:
     """{"train": (texts, labels), "test": (texts, labels), "intents": names}; labels are
     indices into `intents`. A fraction `noise` of the requests get real users' noise (module
     docstring). Deterministic for a given seed; train and test share no phrasing, slot value or
     extra clause. Each split cycles through its phrasings, so n_train_per_intent >= 18 uses every
-    training phrasing and n_test_per_intent >= 6 every held-out one."""
+    training phrasing and n_test_per_intent >= 6 every held-out one. `more_phrasings` draws the
+    training requests from camplib.intents.more_phrasings' 24 per intent as well (42 phrasings);
+    the held-out requests are those of `more_phrasings=False`, request for request."""
     if n_train_per_intent < 1 or n_test_per_intent < 0:
         raise ValueError(f"need n_train_per_intent >= 1 and n_test_per_intent >= 0, "
                          f"got {n_train_per_intent}, {n_test_per_intent}")
     if not 0.0 <= noise <= 1.0:
         raise ValueError(f"noise is a probability, got {noise}")
+    out = _draw(n_train_per_intent, n_test_per_intent, seed, noise, False)
+    if more_phrasings:                                         # the same held-out split, a wider training side
+        out["train"] = _draw(n_train_per_intent, 0, seed, noise, True)["train"]
+    return out
+
+
+def _draw(n_train_per_intent: int, n_test_per_intent: int, seed: int, noise: float, more: bool) -> dict:
     rng = random.Random(seed)
     splits = {"train": ([], []), "test": ([], [])}
     for label, intent in enumerate(INTENTS):
         for split, n in (("train", n_train_per_intent), ("test", n_test_per_intent)):
             held_out = split == "test"
-            pool = phrasings(intent, held_out)
+            pool = phrasings(intent, held_out, more)
             start = rng.randrange(len(pool))                   # small sizes do not always get the first ones
             for k in range(n):
                 splits[split][0].append(_request(intent, pool[(start + k) % len(pool)], rng, held_out, noise))

@@ -2,6 +2,7 @@
 intents, >= 24 phrasings each), carries real users' noise, and its held-out split shares no
 phrasing, product, time or extra clause with training (so held-out accuracy measures
 generalisation, not memory)."""
+import difflib
 import random
 import re
 
@@ -9,6 +10,7 @@ import pytest
 
 from camplib.intents import INTENTS, add_noise, make_intent_dataset, phrasings
 from camplib.intents import data as intent_data
+from camplib.intents.more_phrasings import MORE_PHRASINGS
 from camplib.intents.templates import TEMPLATES
 
 
@@ -92,3 +94,37 @@ def test_bad_sizes_are_rejected():
         make_intent_dataset(5, 5, noise=1.5)
     with pytest.raises(ValueError, match="unknown intent"):
         phrasings("teleport")
+
+
+def test_more_phrasings_widen_training_only_and_copy_no_held_out_wording():
+    """camplib.intents.more_phrasings (a06's recipe trains on them): 24 new phrasings per intent,
+    none a held-out phrasing of any intent, nor a near copy (word overlap or characters), nor
+    naming a held-out product or time; the held-out split stays the same request for request."""
+    held_words = [(h.lower(), _words(h)) for intent in INTENTS for h in phrasings(intent, held_out=True)]
+    every = {t.lower() for ts in TEMPLATES.values() for t in ts}
+    held_slots = [*intent_data._PRODUCTS[1], *intent_data._WHEN[1]]
+    for intent in INTENTS:
+        more = MORE_PHRASINGS[intent]
+        assert len(more) == 24 and len({t.lower() for t in more}) == 24, intent
+        assert phrasings(intent, held_out=True, more=True) == phrasings(intent, held_out=True)
+        assert phrasings(intent, more=True) == phrasings(intent) + more
+        for t in more:
+            assert t.lower() not in every, t
+            assert set(re.findall(r"{(\w+)}", t)) <= {"product", "order", "when"}, t
+            assert not any(re.search(rf"\b{s.lower()}\b", t.lower()) for s in held_slots), t
+            chars, words = difflib.SequenceMatcher(None, "", t.lower()), _words(t)   # t's counts made once
+            for h, h_words in held_words:
+                overlap = len(words & h_words) / len(words | h_words)
+                chars.set_seq1(h)
+                similar = chars.real_quick_ratio() >= 0.75 and chars.quick_ratio() >= 0.75 and chars.ratio() >= 0.75
+                assert overlap < 0.5 and not similar, (t, h, round(overlap, 2), round(chars.ratio(), 2))
+    plain, wide = make_intent_dataset(48, 24, seed=3), make_intent_dataset(48, 24, seed=3, more_phrasings=True)
+    assert wide["test"] == plain["test"] and wide["train"] != plain["train"]
+    clean = make_intent_dataset(42, 6, seed=1, noise=0.0, more_phrasings=True)
+    pieces = {intent: [(t, _pieces(t)) for t in ts] for intent, ts in MORE_PHRASINGS.items()}
+    used = {t for text, label in zip(*clean["train"]) for t, ps in pieces[INTENTS[label]]
+            if ps and all(p in text.lower() for p in ps)}
+    assert len(used) > 200, len(used)                          # the new wording is in training
+    for text, label in zip(*clean["train"]):
+        assert not any(all(p in text.lower() for p in _pieces(t)) for t in phrasings(INTENTS[label], True)
+                       if len(" ".join(_pieces(t))) > 12), text

@@ -105,10 +105,10 @@ def test_cached_frozen_layers_are_the_same_model(data):
     from camplib.intents.classifier import _frozen_layers
 
     texts, labels = data["train"]
-    assert _frozen_layers(_top_layer_trainable(2, texts, data["intents"]).encoder) == 1
     runs = []
     for cache in (True, False):
         clf = _top_layer_trainable(2, texts, data["intents"], dropout=0.0)
+        assert _frozen_layers(clf.encoder) == 1
         losses = fine_tune(clf, texts, labels, 3, 4, 1e-3, 1e-2, seed=1, cache_frozen=cache, warmup=2, cosine=True)
         runs.append((losses, clf.encoder.encoder.layer[-1].output.dense.weight.detach().clone()))
     assert runs[0][0] == pytest.approx(runs[1][0], abs=1e-5)
