@@ -39,13 +39,14 @@ def model_from(config: dict, params: dict[str, torch.Tensor], device=None) -> GP
 
 def run_requests(config: dict, params: dict[str, torch.Tensor], requests: list[dict], *,
                  block_manager=None, scheduler=None, block_size: int = 4, num_blocks: int = 64,
-                 max_batch: int = 4, max_prefill_tokens: int = 4096, max_steps: int = 2000, device=None) -> dict:
+                 max_batch: int = 4, max_step_tokens: int = 4096, max_steps: int = 2000, device=None) -> dict:
     """Serve `requests` with continuous batching, one engine step at a time.
 
     Each request is {"prompt": [ids], "max_tokens": n, "arrival": step (default 0),
     "abort_at": step or None (its client disconnects before that step)}. A request that arrives
-    at step s is added just before step s runs. The prefill budget is large by default, so an
-    admission waits only for room in the batch and for KV blocks. Returns plain data:
+    at step s is added just before step s runs. The step's token budget (max_step_tokens) is large
+    by default, so an admission waits only for room in the batch and for KV blocks; a small one
+    cuts prompts into chunks (a request then gets its first token the step its last chunk runs). Returns plain data:
       outputs, finish_reasons, preemptions, first_token_step (the step that gave each request its
       first token; None if it never got one), blocks_in_use_end, num_blocks, and
       steps: one dict per step {"running": request indices in the batch after the step,
@@ -54,7 +55,7 @@ def run_requests(config: dict, params: dict[str, torch.Tensor], requests: list[d
     """
     model = model_from(config, params, device)
     engine = Engine(model, block_size=block_size, num_blocks=num_blocks, max_batch=max_batch,
-                    max_prefill_tokens=max_prefill_tokens, scheduler_cls=scheduler or Scheduler,
+                    max_step_tokens=max_step_tokens, scheduler_cls=scheduler or Scheduler,
                     block_manager_cls=block_manager or BlockManager)
     arrivals = sorted(range(len(requests)), key=lambda i: (int(requests[i].get("arrival", 0)), i))
     seqs: list = [None] * len(requests)
