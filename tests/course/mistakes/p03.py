@@ -19,9 +19,6 @@ MISTAKES = [
                                "        while self.waiting and batch_was_empty and len(self.running) < self.max_batch "
                                "and budget > 0:"),
             6, "not when the batch is empty"),
-    # chunked prefill forgotten: an admitted prompt runs whole, whatever is left of the step's budget
-    Mistake("scheduler", _edit("scheduler", "rows.append((seq, min(len(seq), budget)))", "rows.append((seq, len(seq)))"),
-            6, "max_step_tokens"),
     # finished (and disconnected) sequences leave the batch but keep their KV blocks
     Mistake("scheduler", _edit("scheduler", "        self.blocks.free(seq.id)\n        seq.status, seq.finish_reason",
                                "        seq.status, seq.finish_reason"), 6, "KV blocks still in use"),
