@@ -40,8 +40,8 @@ def build(args):
         served.name = args.model_name
     engine = Engine(served.model, block_size=args.block_size, num_blocks=args.num_blocks,
                     kv_cache_bytes=args.kv_cache_mb * 2**20, max_batch=args.max_batch,
-                    max_waiting=args.max_waiting, fast_cpu=args.fast_cpu, metrics=ServingMetrics(served.name, served.model.config.max_seq_len))
-    return create_app(served, engine)
+                    max_waiting=args.max_waiting, max_step_tokens=args.max_step_tokens, fast_cpu=args.fast_cpu, metrics=ServingMetrics(served.name, served.model.config.max_seq_len))
+    return create_app(served, engine, burst_s=args.burst_ms / 1e3)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -64,6 +64,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="the most memory the KV blocks take by default (SmolLM2's 32 full 8k contexts would be 12 GB;"
                          " when blocks run out, the scheduler preempts)")
     ap.add_argument("--max-batch", type=int, default=32, help="most sequences decoding together")
+    ap.add_argument("--max-step-tokens", type=int, default=2048,
+                    help="most tokens one step computes; longer prompts are prefilled in chunks (default 2048, as vLLM's CPU server)")
+    ap.add_argument("--burst-ms", type=float, default=20.0,
+                    help="woken from idle, wait up to this long for the rest of a burst of requests (0: step at once)")
     ap.add_argument("--max-waiting", type=int, default=256, help="queued requests beyond which it answers 429")
     ap.add_argument("--fast-cpu", action=argparse.BooleanOptionalAction, default=True,
                     help="on a CPU, run the linear layers from weights packed once for oneDNN (as vLLM's CPU "

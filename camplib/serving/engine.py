@@ -1,9 +1,10 @@
 """The generation engine: continuous batching over camplib's GPT with a paged KV cache.
 
-`step()` is one iteration: the scheduler picks who runs; the prompts of newly admitted sequences
-and the newest token of every running one go through the model together, in one forward over a
-flat batch of tokens (camplib.serving.paged_model), each row gets one sampled token, and finished
-ones leave and free their blocks. A request therefore
+`step()` is one iteration: the scheduler picks the rows, at most its token budget in all: the
+newest token of every decoding sequence and the prompts (or chunks of prompts, chunked prefill)
+of newly admitted ones go through the model together, in one forward over a flat batch of
+tokens (camplib.serving.paged_model); each row whose sequence is now fully cached gets one
+sampled token, and finished ones leave and free their blocks. A request therefore
 joins the batch at the next step after it arrives and leaves the step it finishes, while the
 others keep decoding. Greedy outputs are the same tokens as `camplib.generate.generate` gives
 for each prompt alone (tests/camplib/serving/test_engine.py).
@@ -23,7 +24,7 @@ from camplib.serving.cpu_model import available as fast_cpu_available, for_cpu_s
 from camplib.serving.block_manager import BlockManager
 from camplib.serving.kv_pool import PagedKVPool, pool_bytes_per_block
 from camplib.serving.metrics import ServingMetrics
-from camplib.serving.paged_model import StepBatch, paged_forward
+from camplib.serving.paged_model import Chunk, StepBatch, paged_forward
 from camplib.serving.scheduler import Scheduler
 from camplib.serving.sequence import SamplingParams, Sequence, Status
 
@@ -33,13 +34,14 @@ __all__ = ["Engine"]
 class Engine:
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_bytes: int | None = None, max_batch: int = 32, max_waiting: int = 256,
-                 max_prefill_tokens: int | None = None, metrics: ServingMetrics | None = None,
+                 max_step_tokens: int | None = None, metrics: ServingMetrics | None = None,
                  scheduler_cls=Scheduler, block_manager_cls=BlockManager, fast_cpu: bool = False):
         """The pool has num_blocks blocks; by default enough for max_batch sequences of max_seq_len
         tokens (no more can ever be in use), and at most as many as kv_cache_bytes holds.
         fast_cpu=True runs a copy of the model with weights packed for oneDNN and fewer kernels
         (camplib.serving.cpu_model: faster on a CPU, equal up to rounding); ignored where this torch
-        or device cannot."""
+        or device cannot. max_step_tokens (default max_seq_len) caps the tokens of one step
+        (vLLM's max_num_batched_tokens): a longer prompt is prefilled in chunks over several steps."""
         self.model = model.eval()
         cfg = self.config = model.config
         p = model.tok_emb.weight
@@ -57,7 +59,7 @@ class Engine:
         self.blocks = block_manager_cls(num_blocks, block_size)
         self.pool = PagedKVPool(cfg, num_blocks, block_size, self.dtype, self.device)
         self.scheduler = scheduler_cls(self.blocks, max_batch=max_batch, max_waiting=max_waiting,
-                                       max_prefill_tokens=max_prefill_tokens or cfg.max_seq_len)
+                                       max_step_tokens=max_step_tokens or cfg.max_seq_len)
         self.metrics = metrics
         self.lock = threading.Lock()
         self.steps = 0
@@ -94,15 +96,15 @@ class Engine:
     # one iteration -------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> list[Sequence]:
-        """Run one scheduling + decoding iteration; the sequences that got a token."""
+        """Run one scheduling + forward iteration; the sequences that got a token."""
         with self.lock:
-            before = list(self.scheduler.running)
-            prefill, decode = self.scheduler.schedule()
+            before = [(s, s.preemptions) for s in self.scheduler.running]
+            rows = self.scheduler.schedule()
             now = time.monotonic()
-            for s in prefill:
+            for s, _ in rows:
                 s.scheduled_time = s.scheduled_time or now
-            preempted = sum(s.status is Status.WAITING or s in prefill for s in before)   # (re-admitted at once)
-            if not prefill and not decode and self.scheduler.waiting:
+            preempted = sum(s.preemptions > n for s, n in before)
+            if not rows and self.scheduler.waiting:
                 # nothing runs, yet the queue's head does not fit: a leak, not a busy server
                 raise RuntimeError(f"{len(self.scheduler.waiting)} requests wait but none can be admitted: "
                                    f"{self.blocks.blocks_in_use} of {self.blocks.num_blocks} KV blocks are in use "
@@ -110,43 +112,49 @@ class Engine:
             # the block tables are read here, under the lock; the forward runs without it, so
             # the event loop can add or abort requests meanwhile (an abort frees blocks only
             # schedule() hands out again, on this thread)
-            rows = decode + prefill
-            batch = self._batch(decode, prefill) if rows else None
+            rows = sorted(rows, key=lambda r: not self._is_decode(*r))   # decode rows first, as the batch lays them
+            batch = self._batch(rows) if rows else None
         logits = paged_forward(self.model, self.pool, batch) if rows else None
+        done = []
         with self.lock:
-            first_prompts, generated = self._sample_and_finish(rows, logits) if rows else (0, 0)
+            for s, n in rows:
+                s.num_cached += n
+            done = [(i, s) for i, (s, _) in enumerate(rows) if s.num_cached == len(s)]   # rows that reached its end
+            first_prompts, generated = self._sample_and_finish(done, logits) if done else (0, 0)
             self.steps += 1
             if self.metrics is not None:
                 self.metrics.on_step(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
                                      blocks_in_use=self.blocks.blocks_in_use, num_blocks=self.blocks.num_blocks,
                                      bytes_per_block=self.bytes_per_block, preempted=preempted,
                                      prompt_tokens=first_prompts, generated=generated)
-        return rows
+        return [s for _, s in done]
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
-    def _batch(self, decode: list[Sequence], prefill: list[Sequence]) -> StepBatch:
-        """The step's flat batch: the newest token of each decoding sequence (its slot reserved by
-        the scheduler), then all tokens of each newly admitted one, written to the blocks it was given."""
+    @staticmethod
+    def _is_decode(seq: Sequence, n: int) -> bool:
+        """One new token after a cached prefix: attends to its sequence's blocks, batched with the others."""
+        return n == 1 and seq.num_cached > 0
+
+    def _batch(self, rows: list[tuple[Sequence, int]]) -> StepBatch:
+        """The step's flat batch: tokens num_cached .. num_cached + n - 1 of each row's sequence
+        (decode rows first), written to the slots the scheduler reserved for them."""
         bs, tokens, positions, slots = self.blocks.block_size, [], [], []
-        for s in decode:
-            n = len(s) - 1
-            (block, slot), = self.blocks.slots(s.id, n, n + 1)
-            tokens.append(s.output[-1] if s.output else s.prompt[-1])
-            positions.append(n)
-            slots.append(block * bs + slot)
-        for s in prefill:
-            tokens += s.tokens
-            positions += range(len(s))
-            slots += [block * bs + slot for block, slot in self.blocks.slots(s.id, 0, len(s))]
-        batch = StepBatch(self._tensor(tokens), self._tensor(positions), self._tensor(slots), len(decode),
-                          [len(s) for s in prefill])
+        for s, n in rows:
+            start = s.num_cached
+            tokens += s.tokens[start:start + n]
+            positions += range(start, start + n)
+            slots += [block * bs + slot for block, slot in self.blocks.slots(s.id, start, start + n)]
+        decode = [s for s, n in rows if self._is_decode(s, n)]
+        chunks = [Chunk(n, s.num_cached, self._tensor([self.blocks.tables[s.id]]) if s.num_cached else None)
+                  for s, n in rows[len(decode):]]
+        batch = StepBatch(self._tensor(tokens), self._tensor(positions), self._tensor(slots), len(decode), chunks)
         if decode:   # the block tables of the decoding sequences, padded to the longest
             tables = [self.blocks.tables[s.id] for s in decode]
             width = max(map(len, tables))
             batch.tables = self._tensor([t + [t[0]] * (width - len(t)) for t in tables])
-            lengths = self._tensor([len(s) for s in decode])
+            lengths = self._tensor([s.num_cached + 1 for s in decode])
             cached = torch.arange(width * bs, device=self.device) < lengths[:, None]
             # additive (0 / -inf) rather than boolean: every decode row sees at least its own key,
             # so no row is all -inf and attend has no empty rows to patch up, layer after layer
@@ -154,18 +162,20 @@ class Engine:
                 ~cached, float("-inf"))[:, None, None, :]
         return batch
 
-    def _sample_and_finish(self, rows: list[Sequence], logits: torch.Tensor) -> tuple[int, int]:
-        """Append each row's sampled token, retire finished ones; (prompt tokens of the rows that
-        got their first token, tokens generated)."""
-        greedy = [i for i, s in enumerate(rows) if s.params.temperature == 0]
+    def _sample_and_finish(self, done: list[tuple[int, Sequence]], logits: torch.Tensor) -> tuple[int, int]:
+        """Append a sampled token to each sequence of `done` (row index in `logits`, sequence),
+        retire finished ones; (prompt tokens of those that got their first token, tokens generated)."""
+        rows = [s for _, s in done]
+        index = [i for i, _ in done]
+        greedy = [j for j, s in enumerate(rows) if s.params.temperature == 0]
         chosen = [0] * len(rows)
         if greedy:
-            for i, tok in zip(greedy, logits[greedy].argmax(dim=-1).tolist()):
-                chosen[i] = tok
-        for i, s in enumerate(rows):
+            for j, tok in zip(greedy, logits[[index[j] for j in greedy]].argmax(dim=-1).tolist()):
+                chosen[j] = tok
+        for j, s in enumerate(rows):
             if s.params.temperature != 0:
-                p = s.params
-                chosen[i] = int(sample(logits[i:i + 1].float().cpu(), p.temperature, p.top_k, p.top_p, s.generator))
+                p, i = s.params, index[j]
+                chosen[j] = int(sample(logits[i:i + 1].float().cpu(), p.temperature, p.top_k, p.top_p, s.generator))
         now, first_prompts, generated = time.monotonic(), 0, 0
         for seq, tok in zip(rows, chosen):
             if seq.finished:

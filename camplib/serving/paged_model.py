@@ -5,12 +5,17 @@ One forward per engine step, as in vLLM and nano-vllm: the new tokens of every r
 are laid end to end into one flat batch of N tokens (`StepBatch`), so every weight matrix is read
 once per step, in one (N, d) product, however many sequences are prefilled or decoded. Two kinds
 of row, decode rows first:
-- decode: the newest token of a running sequence; its query attends to all its sequence's cached
-  keys, gathered block by block through its block table (`tables`) with a mask past its length;
-- prefill: all tokens of a newly admitted sequence (its prompt; after a preemption also its
-  earlier output), causal attention over themselves.
+- decode: one new token of a sequence (its newest); its query attends to all its sequence's
+  cached keys, gathered block by block through its block table (`tables`) with a mask past its
+  length;
+- chunk: T new tokens of a sequence (a prompt, or a slice of one under chunked prefill; after a
+  preemption also the earlier output). A chunk with nothing cached before it attends causally
+  over its own keys; one that continues a cached prefix gathers its blocks like a decode row,
+  keeps its first cached + T keys and attends causally over them (the T queries are the last T
+  positions: `attend`'s causal mask is bottom-right aligned).
 Only attention knows about rows; embeddings, norms, projections and the MLP see N tokens. Every
-token's key/value is written to its slot; the logits are those of each row's last token.
+token's key/value is written to its slot before attention reads; the logits are those of each
+row's last token.
 Call under torch.no_grad().
 """
 from __future__ import annotations
@@ -23,24 +28,34 @@ from camplib.attention import attend
 from camplib.attention_backend import choose
 from camplib.serving.kv_pool import PagedKVPool
 
-__all__ = ["StepBatch", "paged_forward"]
+__all__ = ["Chunk", "StepBatch", "paged_forward"]
+
+
+@dataclass
+class Chunk:
+    length: int                    # T new tokens of one sequence
+    cached: int = 0                # tokens of it already in the cache, before these T
+    table: torch.Tensor | None = None   # (1, W) its blocks, when cached > 0
 
 
 @dataclass
 class StepBatch:
-    tokens: torch.Tensor           # (N,) token ids: decode rows' one token each, then prefill rows' tokens
+    tokens: torch.Tensor           # (N,) token ids: decode rows' one token each, then the chunks' tokens
     positions: torch.Tensor        # (N,) each token's position in its sequence
     slots: torch.Tensor            # (N,) where its key/value goes: block * block_size + slot in the block
     n_decode: int                  # the first n_decode tokens are decode rows
-    prefill_lens: list[int]        # then one prefill row of each length
+    chunks: list[Chunk]            # then these rows of several tokens, in order
     tables: torch.Tensor | None = None   # (n_decode, W) block tables of the decode rows (padding: any block)
     context_mask: torch.Tensor | None = None   # (n_decode, 1, 1, W * block_size) 0 where a key is cached, else -inf
 
     @property
     def last(self) -> torch.Tensor:
         """Index of each row's last token in the flat batch."""
-        ends = [self.n_decode + sum(self.prefill_lens[:i + 1]) for i in range(len(self.prefill_lens))]
-        return torch.tensor(list(range(self.n_decode)) + [e - 1 for e in ends], device=self.tokens.device)
+        ends, end = [], self.n_decode
+        for c in self.chunks:
+            end += c.length
+            ends.append(end - 1)
+        return torch.tensor(list(range(self.n_decode)) + ends, device=self.tokens.device)
 
 
 def _backend(attn, q, k) -> str:
@@ -79,11 +94,17 @@ def paged_forward(model, pool: PagedKVPool, batch: StepBatch) -> torch.Tensor:
             out.append(attend(qd, keys, values, batch.context_mask, is_causal=False,
                               backend=backends["decode"]).reshape(nd, H * D))
         start = nd
-        for T in batch.prefill_lens:   # (1, H, T, D) causal over the row's own T keys
-            qp, kp, vp = (t[start:start + T].transpose(0, 1)[None] for t in (q, k, v))
-            if "prefill" not in backends:
-                backends["prefill"] = _backend(attn, qp, kp)
-            out.append(attend(qp, kp, vp, is_causal=True, backend=backends["prefill"])[0].transpose(0, 1).reshape(T, H * D))
+        for c in batch.chunks:   # (1, H, T, D) queries over their own T keys, or over the gathered prefix + them
+            T = c.length
+            qp = q[start:start + T].transpose(0, 1)[None]
+            if c.cached == 0:
+                kp, vp = (t[start:start + T].transpose(0, 1)[None] for t in (k, v))
+            else:
+                kp, vp = (t[:, :, :c.cached + T] for t in pool.gather(layer, c.table))
+            kind = "prefill" if c.cached == 0 else "chunk"
+            if kind not in backends:
+                backends[kind] = _backend(attn, qp, kp)
+            out.append(attend(qp, kp, vp, is_causal=True, backend=backends[kind])[0].transpose(0, 1).reshape(T, H * D))
             start += T
         x = x + attn.proj(torch.cat(out) if len(out) > 1 else out[0])
         x = x + block.mlp(block.ln2(x))

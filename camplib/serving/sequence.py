@@ -38,6 +38,7 @@ class Sequence:
     on_token: Callable[["Sequence", int], None] | None = None   # called by the engine's thread
     id: int = field(default_factory=lambda: next(_ids))
     output: list[int] = field(default_factory=list)
+    num_cached: int = 0               # tokens whose keys/values are in the KV cache (chunked prefill)
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     arrival: float = field(default_factory=time.monotonic)

@@ -51,8 +51,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"{where}: {err.get('msg')} (got {err.get('input')!r})" if where else err.get("msg"), where or None
 
 
-def create_app(served: ServedModel, engine: Engine) -> FastAPI:
-    runner = EngineLoop(engine)
+def create_app(served: ServedModel, engine: Engine, burst_s: float = 0.02) -> FastAPI:
+    runner = EngineLoop(engine, burst_s=burst_s)
     ctx = served.model.config.max_seq_len
     vocab = served.model.config.vocab_size
 

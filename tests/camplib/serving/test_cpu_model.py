@@ -72,8 +72,9 @@ def test_one_forward_per_step_and_packed_engine_matches_generate(monkeypatch):
         engine.step()
     assert len(calls) == engine.steps, f"{len(calls)} forwards in {engine.steps} steps: one per step"
     mixed = calls[2]
-    assert (mixed.n_decode, mixed.prefill_lens) == (1, [3, 12]), \
-        f"step 3 should decode the first request and prefill both late ones: got {mixed.n_decode}, {mixed.prefill_lens}"
+    lens = [c.length for c in mixed.chunks]
+    assert (mixed.n_decode, lens) == (1, [3, 12]), \
+        f"step 3 should decode the first request and prefill both late ones: got {mixed.n_decode}, {lens}"
     for seq, p in zip([first, *late], prompts):
         alone = generate(model, torch.tensor([p]), 10)[0, len(p):].tolist()
         assert seq.output == alone, f"prompt of {len(p)} tokens: packed engine {seq.output} != generate {alone}"

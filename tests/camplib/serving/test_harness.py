@@ -2,6 +2,7 @@
 requests that arrive (and clients that leave) at chosen steps, recorded as plain data that
 matches what actually happened: outputs equal to unbatched generate, first tokens at arrival,
 block accounting per step, the given classes really used."""
+from collections import deque
 from dataclasses import asdict
 
 import pytest
@@ -59,9 +60,13 @@ class _StaticBatching(Scheduler):
     """Admits only when the batch is empty: what the lab's tests must tell apart."""
 
     def schedule(self):
-        if self.running:
-            return [], self._reserve_decode_slots()
-        return super().schedule()
+        if not self.running:
+            return super().schedule()
+        waiting, self.waiting = self.waiting, deque()   # the queue hidden while anyone runs
+        try:
+            return super().schedule()
+        finally:
+            self.waiting = waiting
 
 
 def test_given_classes_are_the_ones_used():

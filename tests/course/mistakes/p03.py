@@ -14,9 +14,10 @@ MISTAKES = [
     Mistake("block_manager", _edit("block_manager", "return -(-n_tokens // self.block_size)",
                                    "return n_tokens // self.block_size + 1"), 4, "ceil("),
     # static batching: waiting requests are admitted only when the running batch is empty
-    Mistake("scheduler", _edit("scheduler", "while self.waiting and len(self.running) < self.max_batch:",
+    Mistake("scheduler", _edit("scheduler", "while self.waiting and len(self.running) < self.max_batch and budget > 0:",
                                "batch_was_empty = not self.running\n"
-                               "        while self.waiting and batch_was_empty and len(self.running) < self.max_batch:"),
+                               "        while self.waiting and batch_was_empty and len(self.running) < self.max_batch "
+                               "and budget > 0:"),
             6, "not when the batch is empty"),
     # finished (and disconnected) sequences leave the batch but keep their KV blocks
     Mistake("scheduler", _edit("scheduler", "        self.blocks.free(seq.id)\n        seq.status, seq.finish_reason",
