@@ -26,7 +26,7 @@ from camplib.lora import inject_lora, lora_modules
 from camplib.model import GPT, GPTConfig
 from camplib.optim import PlainAdamW
 
-__all__ = ["TARGETS", "batches_of", "lora_sft", "sft_for_grading", "load_lora"]
+__all__ = ["TARGETS", "batches_of", "lora_sft", "lora_tensors", "sft_for_grading", "load_lora"]
 
 TARGETS = ["qkv", "proj", "gate", "up", "down"]     # every Linear of a Llama-style block
 
@@ -86,6 +86,16 @@ def lora_sft(model: torch.nn.Module, batches: Sequence[dict], loss_fn: Callable,
     return losses
 
 
+def lora_tensors(model: torch.nn.Module, train_embeddings: bool = False) -> dict[str, torch.Tensor]:
+    """The trained tensors of a LoRA-tuned model, copied to the CPU, in `load_lora`'s format:
+    "<module>.lora_A", "<module>.lora_B", and "tok_emb.weight" when the embeddings were trained."""
+    lora = {"tok_emb.weight": model.tok_emb.weight.detach().cpu().clone()} if train_embeddings else {}
+    for name, m in lora_modules(model).items():
+        lora[f"{name}.lora_A"] = m.lora_A.detach().cpu().clone()
+        lora[f"{name}.lora_B"] = m.lora_B.detach().cpu().clone()
+    return lora
+
+
 _RUNS: "weakref.WeakKeyDictionary[Callable, dict[str, dict]]" = weakref.WeakKeyDictionary()
 
 
@@ -124,10 +134,7 @@ def sft_for_grading(loss_fn: Callable, config: dict, state: dict, data: dict, *,
     amp = torch.bfloat16 if torch.device(device).type == "cuda" else None
     losses = lora_sft(model, batches_of(data, batch_size, steps, seed), loss_fn, lr=lr, r=r, alpha=alpha, seed=seed,
                       train_embeddings=train_embeddings, autocast_dtype=amp)
-    lora = {"tok_emb.weight": model.tok_emb.weight.detach().cpu().clone()} if train_embeddings else {}
-    for name, m in lora_modules(model).items():
-        lora[f"{name}.lora_A"] = m.lora_A.detach().cpu().clone()
-        lora[f"{name}.lora_B"] = m.lora_B.detach().cpu().clone()
+    lora = lora_tensors(model, train_embeddings)
     done[key] = {"losses": losses, "lora": lora}
     return {"losses": list(losses), "lora": dict(lora)}
 
