@@ -16,7 +16,7 @@ Prompt formats, per model:
   papers' infilling tables); `<|endoftext|>` and `<|im_end|>` end the text;
 - SmolLM2 fine-tuned with FIM (`smollm2_fim_completer`, camplib.codegen.fim_tune): with a
   suffix, `<jupyter_start> prefix <jupyter_output> suffix <jupyter_code>`, three of its rare
-  special tokens as sentinels, as it was trained;
+  special tokens as sentinels, as it was trained (or fim_tune's SPM order, suffix first);
 - the token n-gram (`ngram_completer`): the same prompt and tokenizer as the p01 model, each next
   token the most likely under the counts (NgramModel.most_likely).
 
@@ -146,19 +146,23 @@ def smollm2_completer(model, tokenizer, max_new_tokens: int = 256) -> Completer:
     return _completer(prompt_of, model, stop_ids, max_new_tokens)
 
 
-def smollm2_fim_completer(model, tokenizer, max_new_tokens: int = 256, keep: int | None = None) -> Completer:
+def smollm2_fim_completer(model, tokenizer, max_new_tokens: int = 256, keep: int | None = None,
+                          order: str = "psm") -> Completer:
     """SmolLM2 after FIM fine-tuning (camplib.codegen.fim_tune): with a suffix, the prompt is
     `<jupyter_start> prefix <jupyter_output> suffix <jupyter_code>` (fim_tune.SENTINELS, the
-    format it was trained on), and the model writes the middle; without one, as smollm2_completer.
+    format it was trained on; order="spm": fim_tune's SPM prompt, suffix first, and the prefix's
+    final newline dropped from what the model writes, fim_middle_text), and the model writes the
+    middle; without one, as smollm2_completer.
     keep: at most that many ids of prefix and suffix (fim_prompt_ids' cut, as in training)."""
-    from camplib.codegen.fim_tune import fim_prompt_ids, fim_tokens
+    from camplib.codegen.fim_tune import fim_middle_text, fim_prompt_ids, fim_tokens
 
     stop_ids = set(fim_tokens(tokenizer)) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
 
     def prompt_of(prefix: str, suffix: str | None):
         if suffix is not None:
-            return fim_prompt_ids(tokenizer, prefix, suffix, keep=keep), decode
+            middle = fim_middle_text(prefix, order)
+            return fim_prompt_ids(tokenizer, prefix, suffix, keep=keep, order=order), lambda ids: middle(decode(ids))
         prompt, healed = _heal(prefix)
         return tokenizer.encode(prompt, add_special_tokens=False), lambda ids: healed(decode(ids))
     return _completer(prompt_of, model, stop_ids, max_new_tokens)

@@ -108,3 +108,29 @@ def test_heldout_loss_is_the_lines_loss_whatever_the_batching(tokenizer):
     for batch_size in (1, 4):
         got = heldout_fim_loss(model, tokenizer, texts, n=6, seed=3, max_tokens=48, batch_size=batch_size)
         assert abs(got - nll / count) < 1e-5, (batch_size, got, nll / count)
+
+
+def test_spm_examples_continue_the_prefix_with_the_line(tokenizer):
+    """SPM order (fim_tune's docstring): suffix first, then the prefix less its final newline,
+    then the answer: that newline, the line, its newline, the end of text. The prompt is the
+    completer's, and fim_middle_text turns the answer's text back into the line."""
+    from camplib.codegen.fim_tune import fim_answer_ids, fim_middle_text
+    pre, suf, mid, eot = fim_tokens(tokenizer)
+    text = "def f(x):\n    y = x + 1\n\n    return y * 2\n"
+    lines = text.split("\n")
+    for ids, mask in fim_line_examples([text], tokenizer, 8, seed=0, max_tokens=64, order="spm"):
+        n = mask.index(1)
+        prompt, answer = ids[:n], ids[n:]
+        assert prompt[:2] == [pre, suf] and mid in prompt and answer[-1] == eot and mask == sorted(mask)
+        k = next(k for k, l in enumerate(lines) if l.strip() and tokenizer.decode(answer[:-1]).strip("\n") == l)
+        prefix, middle, suffix = line_fim_example(text, k)
+        assert prompt == fim_prompt_ids(tokenizer, prefix, suffix, order="spm")          # what the completer sends
+        assert answer == fim_answer_ids(tokenizer, prefix, middle, order="spm")
+        written = tokenizer.decode(answer[:-1])
+        assert written.startswith("\n") == prefix.endswith("\n") == (k > 0)
+        assert tokenizer.decode(prompt[prompt.index(mid) + 1:]) + written == prefix + middle + "\n"   # one text
+        assert fim_middle_text(prefix, "spm")(written) == middle + "\n"
+        assert tokenizer.decode(prompt[2:prompt.index(mid)]) == suffix
+    assert fim_middle_text("x = 1", "spm")("\ny") == "\ny" and fim_middle_text("x\n", "psm")("\ny") == "\ny"
+    with pytest.raises(ValueError):
+        fim_prompt_ids(tokenizer, "a\n", "b", order="pms")
