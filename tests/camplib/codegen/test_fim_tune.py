@@ -134,3 +134,19 @@ def test_spm_examples_continue_the_prefix_with_the_line(tokenizer):
     assert fim_middle_text("x = 1", "spm")("\ny") == "\ny" and fim_middle_text("x\n", "psm")("\ny") == "\ny"
     with pytest.raises(ValueError):
         fim_prompt_ids(tokenizer, "a\n", "b", order="pms")
+
+
+def test_the_fim_completer_sends_the_training_prompt_in_either_order(tokenizer, monkeypatch):
+    """smollm2_fim_completer's prompt is fim_prompt_ids' (the trained one), and what it returns
+    for the trained answer's tokens is the line: the healed newline is dropped in SPM order."""
+    import camplib.codegen.completers as completers
+    from camplib.codegen.fim_tune import fim_answer_ids
+    sent = []
+    monkeypatch.setattr(completers, "_greedy_batch", lambda model, prompts, *a, **k: sent.extend(prompts) or [""])
+    prefix, middle, suffix = "def f(x):\n", "    y = x + 1", "    return y\n"
+    for order in ("psm", "spm"):
+        sent.clear()
+        completers.smollm2_fim_completer(None, tokenizer, order=order)(prefix, suffix, line=True)
+        (ids, decode), = sent
+        assert ids == fim_prompt_ids(tokenizer, prefix, suffix, order=order), order
+        assert decode(fim_answer_ids(tokenizer, prefix, middle, order=order)[:-1]) == middle + "\n", order
