@@ -14,7 +14,9 @@ as shipped, prompted two ways (`smollm2`: left to right, the prefix only, the su
 single-line FIM examples from the stdlib (camplib.codegen.fim_tune: three rare special tokens as
 sentinels) at each budget of --fim-steps; its adapters are saved (safetensors, with
 training.json: loss, CPU and wall seconds) under --fim-dir and reused when a run with the same
-settings saved them (a run that must train trains once, to the largest budget). Each SmolLM2 row
+settings saved them (a run that must train trains once, to the largest budget). --fim-order spm
+prompts and tunes in SPM order instead (fim_tune: suffix first, the middle continuing the prefix;
+adapters under runs/humaneval_fim_spm). Each SmolLM2 row
 also gets its loss on the same --heldout FIM lines cut from held-out stdlib modules. No
 HumanEval text is in the training corpus (fim_tune.leaked_problems, checked before training).
 The brief's aim is 85% ("generated code passes 85% of the time"). Run on all tasks (the default)
@@ -23,7 +25,8 @@ the same tasks for every model, and the table says so, with a 95% interval (Wils
 rate. --dump FILE writes every line each model wrote, with the truth and the verdict.
 
     python benchmarks/humaneval_passk.py [--models ngram,scratch,smollm2,smollm2-psm,smollm2-fim]
-                                         [--fim-steps 100,300] [--infill N] [--functions N] [--heldout 16]
+                                         [--fim-steps 100,300] [--fim-order psm|spm] [--infill N]
+                                         [--functions N] [--heldout 16]
                                          [--threads T] [--dump lines.json]
 """
 from __future__ import annotations
