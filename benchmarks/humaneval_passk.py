@@ -66,7 +66,8 @@ SCRATCH = dict(n_train_files=40, n_val_files=4, vocab_size=1024, block_size=128,
 
 
 def build_models(names: list[str], device: str, checkpoint: str | None, steps: int, fim_steps: list[int],
-                 fim_dir: str, heldout: int = 16, fim_keep: int | None = None, order: str = "psm") -> dict:
+                 fim_dir: str, heldout: int = 16, fim_keep: int | None = None, order: str = "psm",
+                 nonblank: bool = False) -> dict:
     """{row name: (completer, {"steps", "loss": held-out FIM loss, and the adapter's training.json})}."""
     models, bpe_data = {}, None
     if "scratch" in names or "ngram" in names:
@@ -118,9 +119,10 @@ def build_models(names: list[str], device: str, checkpoint: str | None, steps: i
             l2r = f"{l2r_line_loss(base, tokenizer, held_out, heldout, FIM['max_tokens']):.2f} (L2R)" if heldout else "-"
             models["SmolLM2-135M-Instruct as shipped, left to right (prefix only)"] = (
                 smollm2_completer(base, tokenizer), {"steps": 0, "loss": l2r})
+        nb = ", non-blank decoding" if nonblank else ""
         if "smollm2-psm" in names:   # the tuned rows' prompt, untuned: do the sentinels alone help it?
-            models[f"SmolLM2-135M-Instruct as shipped, FIM prompt ({order.upper()}, <jupyter_*> sentinels)"] = (
-                smollm2_fim_completer(base, tokenizer, order=order), {"steps": 0, "loss": base_loss})
+            models[f"SmolLM2-135M-Instruct as shipped, FIM prompt ({order.upper()}, <jupyter_*> sentinels{nb})"] = (
+                smollm2_fim_completer(base, tokenizer, order=order, nonblank=nonblank), {"steps": 0, "loss": base_loss})
         if "smollm2-fim" in names:
             for budget, adapter in fim_adapters(fim_steps, fim_dir, device, lambda: load_gguf_llama(f, device=device),
                                                 tokenizer, order).items():
@@ -129,8 +131,8 @@ def build_models(names: list[str], device: str, checkpoint: str | None, steps: i
                 record = Path(adapter) / "training.json"
                 info = json.loads(record.read_text()) if record.is_file() else {}
                 cut = f", prompts cut to {fim_keep} tokens" if fim_keep else ""
-                models[f"SmolLM2 + FIM LoRA ({order.upper()}), {budget} steps{cut}"] = (
-                    smollm2_fim_completer(model.eval(), tokenizer, keep=fim_keep, order=order),
+                models[f"SmolLM2 + FIM LoRA ({order.upper()}{nb}), {budget} steps{cut}"] = (
+                    smollm2_fim_completer(model.eval(), tokenizer, keep=fim_keep, order=order, nonblank=nonblank),
                                                                  {**info, "steps": budget, "loss": held(model)})
     return models
 
@@ -214,6 +216,8 @@ def main() -> None:
     ap.add_argument("--fim-steps", default="100,300", help="LoRA FIM budgets of SmolLM2 (steps, comma-separated)")
     ap.add_argument("--fim-order", default="psm", choices=["psm", "spm"],
                     help="FIM prompt order of the smollm2-psm and smollm2-fim rows (camplib.codegen.fim_tune)")
+    ap.add_argument("--fim-nonblank", action="store_true",
+                    help="FIM rows: a line may not end before it has non-blank text (completers.smollm2_fim_completer)")
     ap.add_argument("--fim-dir", default=None,
                     help="where the FIM adapters are saved / reused (default runs/humaneval_fim, _spm for SPM)")
     ap.add_argument("--heldout", type=int, default=16, help="held-out stdlib FIM lines for each SmolLM2 row's loss (0: skip)")
@@ -237,7 +241,7 @@ def main() -> None:
     models = build_models(args.models.split(","), device, args.checkpoint, args.scratch_steps,
                           [int(x) for x in args.fim_steps.split(",") if x],
                           args.fim_dir or "runs/humaneval_fim" + ("_spm" if args.fim_order == "spm" else ""),
-                          args.heldout, args.fim_keep, args.fim_order)
+                          args.heldout, args.fim_keep, args.fim_order, args.fim_nonblank)
     rows = []
     dump = []
     for name, (complete, info) in models.items():

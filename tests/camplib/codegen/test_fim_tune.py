@@ -150,3 +150,27 @@ def test_the_fim_completer_sends_the_training_prompt_in_either_order(tokenizer, 
         (ids, decode), = sent
         assert ids == fim_prompt_ids(tokenizer, prefix, suffix, order=order), order
         assert decode(fim_answer_ids(tokenizer, prefix, middle, order=order)[:-1]) == middle + "\n", order
+
+
+def test_nonblank_decoding_forbids_ending_a_blank_line(tokenizer):
+    """completers._nonblank_hook: while the (healed) text is blank, neither a stop id nor a token
+    that would end the line may be chosen; a healed newline first is allowed; after non-blank
+    text the logits are untouched."""
+    import torch
+
+    from camplib.codegen.completers import _nonblank_hook
+    from camplib.codegen.fim_tune import fim_middle_text
+    pre, suf, mid, eot = fim_tokens(tokenizer)
+    nl, space, x = tokenizer.encode("\n") + tokenizer.encode(" ") + tokenizer.encode("x")
+    vocab = len(CharTokenizer.SPECIAL) + 128
+    newline_ids = [t for t in range(vocab) if "\n" in tokenizer.decode([t])]
+    healed = lambda ids: fim_middle_text("a\n", "spm")(tokenizer.decode(ids))  # noqa: E731
+    hook = _nonblank_hook(1, [healed], {eot}, newline_ids)
+    logits = torch.zeros(1, vocab)
+    logits[0, eot], logits[0, nl] = 3.0, 2.0
+    for new in ([], [nl], [nl, space]):   # the first newline is the healed one; then no end while blank
+        out = hook(torch.tensor([[0] + new]), logits.clone())
+        assert int(out.argmax()) == (nl if not new else 1), new
+        assert torch.isinf(out[0, eot]) and bool(torch.isinf(out[0, nl])) == bool(new), new
+    out = hook(torch.tensor([[0, nl, x]]), logits.clone())
+    assert torch.equal(out, logits)                                             # non-blank: untouched
