@@ -14,7 +14,9 @@ as shipped, prompted two ways (`smollm2`: left to right, the prefix only, the su
 single-line FIM examples from the stdlib (camplib.codegen.fim_tune: three rare special tokens as
 sentinels) at each budget of --fim-steps; its adapters are saved (safetensors, with
 training.json: loss, CPU and wall seconds) under --fim-dir and reused when a run with the same
-settings saved them (a run that must train trains once, to the largest budget). Each SmolLM2 row
+settings saved them (a run that must train trains once, to the largest budget). --fim-order spm
+prompts and tunes in SPM order instead (fim_tune: suffix first, the middle continuing the prefix;
+adapters under runs/humaneval_fim_spm). Each SmolLM2 row
 also gets its loss on the same --heldout FIM lines cut from held-out stdlib modules. No
 HumanEval text is in the training corpus (fim_tune.leaked_problems, checked before training).
 The brief's aim is 85% ("generated code passes 85% of the time"). Run on all tasks (the default)
@@ -23,7 +25,8 @@ the same tasks for every model, and the table says so, with a 95% interval (Wils
 rate. --dump FILE writes every line each model wrote, with the truth and the verdict.
 
     python benchmarks/humaneval_passk.py [--models ngram,scratch,smollm2,smollm2-psm,smollm2-fim]
-                                         [--fim-steps 100,300] [--infill N] [--functions N] [--heldout 16]
+                                         [--fim-steps 100,300] [--fim-order psm|spm] [--infill N]
+                                         [--functions N] [--heldout 16]
                                          [--threads T] [--dump lines.json]
 """
 from __future__ import annotations
@@ -63,7 +66,8 @@ SCRATCH = dict(n_train_files=40, n_val_files=4, vocab_size=1024, block_size=128,
 
 
 def build_models(names: list[str], device: str, checkpoint: str | None, steps: int, fim_steps: list[int],
-                 fim_dir: str, heldout: int = 16, fim_keep: int | None = None) -> dict:
+                 fim_dir: str, heldout: int = 16, fim_keep: int | None = None, order: str = "psm",
+                 nonblank: bool = False) -> dict:
     """{row name: (completer, {"steps", "loss": held-out FIM loss, and the adapter's training.json})}."""
     models, bpe_data = {}, None
     if "scratch" in names or "ngram" in names:
@@ -105,7 +109,7 @@ def build_models(names: list[str], device: str, checkpoint: str | None, steps: i
             if not heldout:
                 return "-"
             start = time.perf_counter()
-            loss = heldout_fim_loss(model, tokenizer, held_out, n=heldout, max_tokens=FIM["max_tokens"])
+            loss = heldout_fim_loss(model, tokenizer, held_out, n=heldout, max_tokens=FIM["max_tokens"], order=order)
             print(f"  held-out FIM loss {loss:.3f} ({heldout} lines of {len(held_out)} held-out chunks, "
                   f"{time.perf_counter() - start:.0f} s)", flush=True)
             return f"{loss:.2f}"
@@ -115,19 +119,20 @@ def build_models(names: list[str], device: str, checkpoint: str | None, steps: i
             l2r = f"{l2r_line_loss(base, tokenizer, held_out, heldout, FIM['max_tokens']):.2f} (L2R)" if heldout else "-"
             models["SmolLM2-135M-Instruct as shipped, left to right (prefix only)"] = (
                 smollm2_completer(base, tokenizer), {"steps": 0, "loss": l2r})
+        nb = ", non-blank decoding" if nonblank else ""
         if "smollm2-psm" in names:   # the tuned rows' prompt, untuned: do the sentinels alone help it?
-            models["SmolLM2-135M-Instruct as shipped, FIM prompt (PSM, <jupyter_*> sentinels)"] = (
-                smollm2_fim_completer(base, tokenizer), {"steps": 0, "loss": base_loss})
+            models[f"SmolLM2-135M-Instruct as shipped, FIM prompt ({order.upper()}, <jupyter_*> sentinels{nb})"] = (
+                smollm2_fim_completer(base, tokenizer, order=order, nonblank=nonblank), {"steps": 0, "loss": base_loss})
         if "smollm2-fim" in names:
             for budget, adapter in fim_adapters(fim_steps, fim_dir, device, lambda: load_gguf_llama(f, device=device),
-                                                tokenizer).items():
+                                                tokenizer, order).items():
                 model = load_gguf_llama(f, device=device)
                 load_adapter(model, adapter)
                 record = Path(adapter) / "training.json"
                 info = json.loads(record.read_text()) if record.is_file() else {}
                 cut = f", prompts cut to {fim_keep} tokens" if fim_keep else ""
-                models[f"SmolLM2 + FIM LoRA, {budget} steps{cut}"] = (smollm2_fim_completer(model.eval(), tokenizer,
-                                                                                            keep=fim_keep),
+                models[f"SmolLM2 + FIM LoRA ({order.upper()}{nb}), {budget} steps{cut}"] = (
+                    smollm2_fim_completer(model.eval(), tokenizer, keep=fim_keep, order=order, nonblank=nonblank),
                                                                  {**info, "steps": budget, "loss": held(model)})
     return models
 
@@ -156,22 +161,24 @@ def l2r_line_loss(model, tokenizer, texts, n: int, max_tokens: int) -> float:
     return nll / tokens
 
 
-def fim_adapters(budgets: list[int], out_dir: str, device: str, load_base, tokenizer) -> dict[int, Path]:
+def fim_adapters(budgets: list[int], out_dir: str, device: str, load_base, tokenizer,
+                 order: str = "psm") -> dict[int, Path]:
     """{budget: adapter folder}: the saved ones of a run with the same settings, else one run of
     camplib.codegen.fim_tune.tune_fim to the largest budget, saving each."""
+    settings = {**FIM, "order": order}
     from camplib.codegen.fim_tune import leaked_problems, saved_adapter, tune_fim
     corpus = load_corpus(**FIM_CORPUS)
     leaked = leaked_problems(corpus.train, load_problems())
     if leaked:
         raise SystemExit(f"HumanEval text found in the FIM training corpus: {leaked}")
-    found = {b: saved_adapter(out_dir, b, corpus.train, **FIM) for b in budgets}
+    found = {b: saved_adapter(out_dir, b, corpus.train, **settings) for b in budgets}
     print(f"SmolLM2 FIM LoRA: {len(corpus.train)} chunks of {FIM_CORPUS['n_train_files']} stdlib modules, no HumanEval "
-          f"problem in them; settings {FIM}")
+          f"problem in them; settings {settings}")
     if all(found.values()):
         print(f"  adapters reused from {out_dir}: {', '.join(str(p) for p in found.values())}")
         return found
     start = time.perf_counter()
-    done = tune_fim(load_base(), tokenizer, corpus.train, budgets, out_dir, **FIM)
+    done = tune_fim(load_base(), tokenizer, corpus.train, budgets, out_dir, **settings)
     print(f"  trained to {max(budgets)} steps in {time.perf_counter() - start:.0f} s: " +
           ", ".join(f"{b} steps loss {d['loss']:.3f} ({d['seconds']:.0f} s)" for b, d in sorted(done.items())))
     return {b: d["adapter"] for b, d in done.items()}
@@ -207,7 +214,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="prompts per generate call")
     ap.add_argument("--scratch-steps", type=int, default=SCRATCH["steps"], help="training steps of the p01 model")
     ap.add_argument("--fim-steps", default="100,300", help="LoRA FIM budgets of SmolLM2 (steps, comma-separated)")
-    ap.add_argument("--fim-dir", default="runs/humaneval_fim", help="where the FIM adapters are saved / reused")
+    ap.add_argument("--fim-order", default="psm", choices=["psm", "spm"],
+                    help="FIM prompt order of the smollm2-psm and smollm2-fim rows (camplib.codegen.fim_tune)")
+    ap.add_argument("--fim-nonblank", action="store_true",
+                    help="FIM rows: a line may not end before it has non-blank text (completers.smollm2_fim_completer)")
+    ap.add_argument("--fim-dir", default=None,
+                    help="where the FIM adapters are saved / reused (default runs/humaneval_fim, _spm for SPM)")
     ap.add_argument("--heldout", type=int, default=16, help="held-out stdlib FIM lines for each SmolLM2 row's loss (0: skip)")
     ap.add_argument("--fim-keep", type=int, default=None,
                     help="cut the tuned rows' prompts to this many ids of prefix + suffix (training cuts to max_tokens - the line)")
@@ -227,7 +239,9 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f}")
     start_all = time.perf_counter()
     models = build_models(args.models.split(","), device, args.checkpoint, args.scratch_steps,
-                          [int(x) for x in args.fim_steps.split(",") if x], args.fim_dir, args.heldout, args.fim_keep)
+                          [int(x) for x in args.fim_steps.split(",") if x],
+                          args.fim_dir or "runs/humaneval_fim" + ("_spm" if args.fim_order == "spm" else ""),
+                          args.heldout, args.fim_keep, args.fim_order, args.fim_nonblank)
     rows = []
     dump = []
     for name, (complete, info) in models.items():

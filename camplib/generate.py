@@ -93,7 +93,7 @@ def _check_left_padded(mask: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 def generate(model, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
              eos_id: int | None = None, attention_mask: torch.Tensor | None = None,
-             generator: torch.Generator | None = None, stop=None) -> torch.Tensor:
+             generator: torch.Generator | None = None, stop=None, logits_hook=None) -> torch.Tensor:
     """Continue each prompt of idx (B, T) by up to max_new_tokens tokens -> (B, T + new).
 
     temperature 0 is greedy decoding; otherwise sample() with temperature, top_k, top_p.
@@ -111,6 +111,9 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, *, temperature: floa
 
     stop: a function of the tokens so far (B, T + new) that returns True to end generation
     there (a completion that has finished its line or its function; checked after each token).
+
+    logits_hook: a function (tokens so far (B, T + new), next-token logits (B, V)) -> logits,
+    applied before each token is chosen (to forbid tokens: set their logits to -inf).
     """
     B, T = idx.shape
     if T + max_new_tokens > model.config.max_seq_len:
@@ -128,6 +131,8 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, *, temperature: floa
     logits = forward(idx, caches, mask, positions)  # prefill (the whole prompt, once)
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
     for step in range(max_new_tokens):
+        if logits_hook is not None:
+            logits = logits_hook(idx, logits)
         next_tok = sample(logits, temperature, top_k, top_p, generator)
         if eos_id is not None:
             next_tok = next_tok.masked_fill(finished, eos_id)

@@ -14,7 +14,17 @@ random as the middle,
     <jupyter_start> lines before <jupyter_output> lines after <jupyter_code> the line \\n <|endoftext|>
 
 and the loss only on `the line \\n <|endoftext|>` (camplib.dialogue.masking.masked_cross_entropy),
-so the model learns to write the missing line, end it, and stop. No HumanEval text is in the
+so the model learns to write the missing line, end it, and stop. That is PSM order (prefix, suffix,
+middle); `order="spm"` is the FIM paper's SPM variant (Bavarian et al. 2022, section 3: suffix
+first, then the prefix, the middle continuing the prefix's text),
+
+    <jupyter_start> <jupyter_output> lines after <jupyter_code> lines before \\n line \\n <|endoftext|>
+
+so the middle is where a left-to-right reader expects it, the shipped model's skill carries over
+from the first step, and tuning only has to teach it to read the suffix and stop. The prefix's
+final newline moves into the answer (as the completers' token healing does): "\\n" and the
+next line's indentation are one token in the text SmolLM2 read, so the answer starts there and
+the completer drops that newline from what it writes. No HumanEval text is in the
 corpus (`leaked_problems` checks: the lab and the benchmark assert it is empty).
 """
 from __future__ import annotations
@@ -28,7 +38,7 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["SENTINELS", "fim_prompt_ids", "line_fim_example", "fim_line_examples", "leaked_problems", "lora_targets", "tune_fim",
+__all__ = ["SENTINELS", "ORDERS", "fim_prompt_ids", "fim_answer_ids", "fim_middle_text", "line_fim_example", "fim_line_examples", "leaked_problems", "lora_targets", "tune_fim",
            "fim_tokens", "fim_settings", "saved_adapter", "heldout_fim_loss"]
 
 SENTINELS = ("<jupyter_start>", "<jupyter_output>", "<jupyter_code>")   # prefix, suffix, middle
@@ -44,17 +54,44 @@ def fim_tokens(tokenizer) -> tuple[int, int, int, int]:
     return ids
 
 
-def fim_prompt_ids(tokenizer, prefix: str, suffix: str, keep: int | None = None) -> list[int]:
-    """`<jupyter_start> prefix <jupyter_output> suffix <jupyter_code>` as ids: what the tuned
-    model is trained on and prompted with. With `keep`, at most keep ids of prefix and suffix
-    together: the suffix keeps at least a third, the prefix's start and then the suffix's end go."""
+ORDERS = ("psm", "spm")
+
+
+def _healed(prefix: str, order: str) -> bool:
+    """Whether the prefix's final newline moves into the answer (SPM order only, see above)."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, not {order!r}")
+    return order == "spm" and prefix.endswith("\n")
+
+
+def fim_prompt_ids(tokenizer, prefix: str, suffix: str, keep: int | None = None, order: str = "psm") -> list[int]:
+    """`<jupyter_start> prefix <jupyter_output> suffix <jupyter_code>` as ids (PSM), or
+    `<jupyter_start> <jupyter_output> suffix <jupyter_code> prefix` less the prefix's final
+    newline (SPM): what the tuned model is trained on and prompted with. With `keep`, at most
+    keep ids of prefix and suffix together: the suffix keeps at least a third, the prefix's
+    start and then the suffix's end go."""
     pre, suf, mid, _ = fim_tokens(tokenizer)
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False) if s else []  # noqa: E731
-    p, s = enc(prefix), enc(suffix)
+    p, s = enc(prefix[:-1] if _healed(prefix, order) else prefix), enc(suffix)
     if keep is not None and len(p) + len(s) > keep:
         s = s[:max(keep // 3, keep - len(p))]
         p = p[len(p) - (keep - len(s)):] if keep > len(s) else []
-    return [pre, *p, suf, *s, mid]
+    return [pre, *p, suf, *s, mid] if order == "psm" else [pre, suf, *s, mid, *p]
+
+
+def fim_answer_ids(tokenizer, prefix: str, middle: str, order: str = "psm") -> list[int]:
+    """The trained tokens after fim_prompt_ids: the middle, its newline and the end of text,
+    after the prefix's final newline in SPM order."""
+    text = ("\n" if _healed(prefix, order) else "") + middle + "\n"
+    return tokenizer.encode(text, add_special_tokens=False) + [fim_tokens(tokenizer)[3]]
+
+
+def fim_middle_text(prefix: str, order: str = "psm"):
+    """How the completer turns what the model wrote into the middle: in SPM order, after a
+    prefix ending in a newline, that newline (which the answer starts with) is dropped."""
+    if not _healed(prefix, order):
+        return lambda text: text
+    return lambda text: text[1:] if text.startswith("\n") else text
 
 
 def line_fim_example(text: str, line: int) -> tuple[str, str, str]:
@@ -68,11 +105,11 @@ def line_fim_example(text: str, line: int) -> tuple[str, str, str]:
 
 
 def fim_line_examples(texts: Sequence[str], tokenizer, n: int, seed: int,
-                      max_tokens: int = 384) -> list[tuple[list[int], list[int]]]:
+                      max_tokens: int = 384, order: str = "psm") -> list[tuple[list[int], list[int]]]:
     """n (ids, trained-mask) pairs: a random text, a random non-blank line of it as the middle,
-    in the SENTINELS format, cut to max_tokens (the prefix's start is dropped first, then the
-    suffix's end). The mask is 1 on the middle, its newline and the end of text."""
-    eot = fim_tokens(tokenizer)[3]
+    in the SENTINELS format (`order`), cut to max_tokens (the prefix's start is dropped first,
+    then the suffix's end). The mask is 1 on fim_answer_ids: the middle, its newline and the
+    end of text (and the prefix's final newline before them in SPM order)."""
     rng = random.Random(seed)
     usable = [t for t in texts if any(l.strip() for l in t.split("\n"))]
     out = []
@@ -80,24 +117,24 @@ def fim_line_examples(texts: Sequence[str], tokenizer, n: int, seed: int,
         text = rng.choice(usable)
         line = rng.choice([i for i, l in enumerate(text.split("\n")) if l.strip()])
         prefix, middle, suffix = line_fim_example(text, line)
-        answer = tokenizer.encode(middle + "\n", add_special_tokens=False) + [eot]
+        answer = fim_answer_ids(tokenizer, prefix, middle, order)
         room = max_tokens - len(answer) - 3
         if room < 8:
             continue
-        ids = fim_prompt_ids(tokenizer, prefix, suffix, keep=room) + answer
+        ids = fim_prompt_ids(tokenizer, prefix, suffix, keep=room, order=order) + answer
         out.append((ids, [0] * (len(ids) - len(answer)) + [1] * len(answer)))
     return out
 
 
 def heldout_fim_loss(model, tokenizer, texts: Sequence[str], n: int = 16, seed: int = 1, max_tokens: int = 128,
-                     batch_size: int = 8) -> float:
+                     batch_size: int = 8, order: str = "psm") -> float:
     """Mean -log p (nats per token) of the trained tokens (the line, its newline, the end of text)
     of n fim_line_examples from `texts` (the corpus's held-out modules): the same examples for
     every model, so the shipped model and each adapter compare on one scale."""
     from camplib.dialogue.masking import IGNORE, pad_batch
     from camplib.losses import cross_entropy
 
-    examples = fim_line_examples(texts, tokenizer, n, seed, max_tokens)
+    examples = fim_line_examples(texts, tokenizer, n, seed, max_tokens, order)
     device = next(model.parameters()).device
     total, count = 0.0, 0
     with torch.no_grad():
@@ -147,8 +184,11 @@ def lora_targets(n_layer: int, top_layers: int | None):
 
 def fim_settings(texts: Sequence[str], **settings) -> dict:
     """What decides a tune_fim run's adapters: its settings and a digest of its texts (a saved
-    adapter is reused only for the same ones: runs/.../settings.json)."""
+    adapter is reused only for the same ones: runs/.../settings.json). PSM order, the default,
+    is not written, so adapters saved before `order` existed still match."""
     digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
+    if settings.get("order", "psm") == "psm":
+        settings.pop("order", None)
     return {**settings, "texts": len(texts), "texts_sha256": digest}
 
 
@@ -164,14 +204,15 @@ def saved_adapter(out_dir: str | Path, step: int, texts: Sequence[str], **settin
 
 def tune_fim(model, tokenizer, texts: Sequence[str], steps: Sequence[int], out_dir: str | Path | None = None, *,
              batch_size: int = 4, lr: float = 2e-3, r: int = 16, alpha: float = 32.0, seed: int = 0,
-             max_tokens: int = 128, top_layers: int | None = 10, log: Callable[[str], None] = print) -> dict[int, dict]:
+             max_tokens: int = 128, top_layers: int | None = 10, order: str = "psm",
+             log: Callable[[str], None] = print) -> dict[int, dict]:
     """LoRA-train `model` (SmolLM2 as a camplib GPT, in place) on single-line FIM examples from
     `texts` for max(steps) steps; at each budget in `steps` save the adapter (camplib.lora.save_adapter,
     safetensors) under out_dir/steps_<n> when out_dir is given, with training.json (the record
     below). Returns {budget: {"loss": mean of the last 10 steps, "seconds": wall time so far,
     "cpu_seconds": this process's CPU time so far, "threads", "adapter": folder or None}}.
 
-    LoRA wraps every Linear of the last `top_layers` blocks (all blocks for None): the frozen
+    `order`: "psm" or "spm" (fim_prompt_ids). LoRA wraps every Linear of the last `top_layers` blocks (all blocks for None): the frozen
     blocks below need no backward pass, which on a CPU is most of the cost of a step."""
     from camplib.dialogue.masking import masked_cross_entropy, pad_batch
     from camplib.dialogue.sft import lora_sft
@@ -179,11 +220,11 @@ def tune_fim(model, tokenizer, texts: Sequence[str], steps: Sequence[int], out_d
 
     budgets = sorted(set(int(s) for s in steps))
     settings = fim_settings(texts, batch_size=batch_size, lr=lr, r=r, alpha=alpha, seed=seed, max_tokens=max_tokens,
-                            top_layers=top_layers)
+                            top_layers=top_layers, order=order)
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "settings.json").write_text(json.dumps({**settings, "budgets": budgets}, indent=1))
-    examples = fim_line_examples(texts, tokenizer, budgets[-1] * batch_size, seed, max_tokens)
+    examples = fim_line_examples(texts, tokenizer, budgets[-1] * batch_size, seed, max_tokens, order)
     pad = tokenizer.convert_tokens_to_ids(EOT)
     batches = [pad_batch(examples[i:i + batch_size], pad) for i in range(0, len(examples), batch_size)]
     start, cpu_start, losses, done = time.perf_counter(), time.process_time(), [], {}

@@ -192,6 +192,26 @@ def test_greedy_with_cache_equals_without(name):
         generate(model, prompt, 64)
 
 
+def test_logits_hook_forbids_tokens_and_sees_the_tokens_so_far():
+    """logits_hook(tokens so far, logits) -> logits is applied before each choice: forbidding
+    each row's first greedy token makes it never appear; with a no-op hook nothing changes."""
+    model = tiny_model(CONFIGS["llama"])
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(3))
+    plain = generate(model, prompt, 10)
+    seen = []
+
+    def noop(idx, logits):
+        seen.append(idx.shape[1])
+        return logits
+    assert torch.equal(generate(model, prompt, 10, logits_hook=noop), plain) and seen == list(range(5, 15))
+    banned = plain[:, 5]
+
+    def forbid(idx, logits):
+        return logits.index_fill(1, banned.unique(), float("-inf"))
+    out = generate(model, prompt, 10, logits_hook=forbid)
+    assert not any(int(t) in banned.tolist() for t in out[:, 5:].flatten()) and not torch.equal(out, plain)
+
+
 @pytest.mark.parity
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_greedy_matches_transformers_generate_with_left_padding(name):

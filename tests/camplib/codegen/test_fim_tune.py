@@ -108,3 +108,69 @@ def test_heldout_loss_is_the_lines_loss_whatever_the_batching(tokenizer):
     for batch_size in (1, 4):
         got = heldout_fim_loss(model, tokenizer, texts, n=6, seed=3, max_tokens=48, batch_size=batch_size)
         assert abs(got - nll / count) < 1e-5, (batch_size, got, nll / count)
+
+
+def test_spm_examples_continue_the_prefix_with_the_line(tokenizer):
+    """SPM order (fim_tune's docstring): suffix first, then the prefix less its final newline,
+    then the answer: that newline, the line, its newline, the end of text. The prompt is the
+    completer's, and fim_middle_text turns the answer's text back into the line."""
+    from camplib.codegen.fim_tune import fim_answer_ids, fim_middle_text
+    pre, suf, mid, eot = fim_tokens(tokenizer)
+    text = "def f(x):\n    y = x + 1\n\n    return y * 2\n"
+    lines = text.split("\n")
+    for ids, mask in fim_line_examples([text], tokenizer, 8, seed=0, max_tokens=64, order="spm"):
+        n = mask.index(1)
+        prompt, answer = ids[:n], ids[n:]
+        assert prompt[:2] == [pre, suf] and mid in prompt and answer[-1] == eot and mask == sorted(mask)
+        k = next(k for k, l in enumerate(lines) if l.strip() and tokenizer.decode(answer[:-1]).strip("\n") == l)
+        prefix, middle, suffix = line_fim_example(text, k)
+        assert prompt == fim_prompt_ids(tokenizer, prefix, suffix, order="spm")          # what the completer sends
+        assert answer == fim_answer_ids(tokenizer, prefix, middle, order="spm")
+        written = tokenizer.decode(answer[:-1])
+        assert written.startswith("\n") == prefix.endswith("\n") == (k > 0)
+        assert tokenizer.decode(prompt[prompt.index(mid) + 1:]) + written == prefix + middle + "\n"   # one text
+        assert fim_middle_text(prefix, "spm")(written) == middle + "\n"
+        assert tokenizer.decode(prompt[2:prompt.index(mid)]) == suffix
+    assert fim_middle_text("x = 1", "spm")("\ny") == "\ny" and fim_middle_text("x\n", "psm")("\ny") == "\ny"
+    with pytest.raises(ValueError):
+        fim_prompt_ids(tokenizer, "a\n", "b", order="pms")
+
+
+def test_the_fim_completer_sends_the_training_prompt_in_either_order(tokenizer, monkeypatch):
+    """smollm2_fim_completer's prompt is fim_prompt_ids' (the trained one), and what it returns
+    for the trained answer's tokens is the line: the healed newline is dropped in SPM order."""
+    import camplib.codegen.completers as completers
+    from camplib.codegen.fim_tune import fim_answer_ids
+    sent = []
+    monkeypatch.setattr(completers, "_greedy_batch", lambda model, prompts, *a, **k: sent.extend(prompts) or [""])
+    prefix, middle, suffix = "def f(x):\n", "    y = x + 1", "    return y\n"
+    for order in ("psm", "spm"):
+        sent.clear()
+        completers.smollm2_fim_completer(None, tokenizer, order=order)(prefix, suffix, line=True)
+        (ids, decode), = sent
+        assert ids == fim_prompt_ids(tokenizer, prefix, suffix, order=order), order
+        assert decode(fim_answer_ids(tokenizer, prefix, middle, order=order)[:-1]) == middle + "\n", order
+
+
+def test_nonblank_decoding_forbids_ending_a_blank_line(tokenizer):
+    """completers._nonblank_hook: while the (healed) text is blank, neither a stop id nor a token
+    that would end the line may be chosen; a healed newline first is allowed; after non-blank
+    text the logits are untouched."""
+    import torch
+
+    from camplib.codegen.completers import _nonblank_hook
+    from camplib.codegen.fim_tune import fim_middle_text
+    pre, suf, mid, eot = fim_tokens(tokenizer)
+    nl, space, x = tokenizer.encode("\n") + tokenizer.encode(" ") + tokenizer.encode("x")
+    vocab = len(CharTokenizer.SPECIAL) + 128
+    newline_ids = [t for t in range(vocab) if "\n" in tokenizer.decode([t])]
+    healed = lambda ids: fim_middle_text("a\n", "spm")(tokenizer.decode(ids))  # noqa: E731
+    hook = _nonblank_hook(1, [healed], {eot}, newline_ids)
+    logits = torch.zeros(1, vocab)
+    logits[0, eot], logits[0, nl] = 3.0, 2.0
+    for new in ([], [nl], [nl, space]):   # the first newline is the healed one; then no end while blank
+        out = hook(torch.tensor([[0] + new]), logits.clone())
+        assert int(out.argmax()) == (nl if not new else 1), new
+        assert torch.isinf(out[0, eot]) and bool(torch.isinf(out[0, nl])) == bool(new), new
+    out = hook(torch.tensor([[0, nl, x]]), logits.clone())
+    assert torch.equal(out, logits)                                             # non-blank: untouched
