@@ -21,9 +21,9 @@ the loopback network is the only channel between ranks and it scores 0. COLLECTI
 the rings on dist.all_reduce and doctors each rank's own count of its calls (4/8 when the
 "point-to-point only" rule read that count); the grader's observer sees the all-reduce: 0.
 
-Graded twice: with the lab's forbidden list, as `camp grade` does (the fakes only: the reference's
-full marks are tests/course/test_labs.py's), and with none at all, so that the score comes from
-the trusted measurement alone (no static scan or observer verdict).
+Graded with none of the lab's forbidden list, so that the score comes from the trusted
+measurement alone (no static scan or observer verdict), and b06 also with it, as `camp grade`
+does (the fakes only: the reference's full marks are tests/course/test_labs.py's).
 Needs root and bubblewrap (the sandbox); skipped elsewhere with that reason.
 """
 import dataclasses
@@ -481,9 +481,12 @@ def graded(tmp_path_factory):
 
 
 # a03's, a04's and a05's fakes write into a library module, which the static scan already refuses as
-# tampering: graded only with nothing forbidden, where the grader's own ranks are what catch them
+# tampering: graded only with nothing forbidden, where the grader's own ranks are what catch them. a02's
+# too: its tests run on the grader's ranks, where the fakes are never called, and the lab's forbidden list
+# can only add zeroes (a02 as graded took 43 s at load ~13, what a05's fake costs; b06's is graded anyway
+# for its rings)
 @pytest.mark.parametrize(("lab", "forbid"), [(lab, forbid) for lab in sorted(FAKED) for forbid in (True, False)
-                                             if not (forbid and lab in ("a03", "a04", "a05"))],
+                                             if not (forbid and lab in ("a02", "a03", "a04", "a05"))],
                          ids=lambda v: {True: "as_graded", False: "measured_only"}.get(v, v) if isinstance(v, bool) else v)
 def test_a_faked_harness_scores_nothing_and_the_reference_everything(graded, lab, forbid):
     rows, details = graded(lab, forbid)
