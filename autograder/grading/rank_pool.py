@@ -45,8 +45,12 @@ class RankPool:
     def prestart(self, n: int) -> None:
         """Launch rank sandboxes 0..n-1 now and let them start (interpreter, torch, the observer)
         in the background, while the student's cells run in `main`: a test that needs them then
-        only replays the cells there. Nothing of the student's runs in them before that replay."""
-        self._add(n)
+        only replays the cells there. Nothing of the student's runs in them before that replay.
+        Only a head start: if they cannot start now, the test that needs them starts them."""
+        try:
+            self._add(n)
+        except Exception:  # noqa: BLE001 - run() starts them again and reports what fails then
+            self.close()
 
     def _add(self, n: int) -> list:
         main = self.main.sandbox

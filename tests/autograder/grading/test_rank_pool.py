@@ -157,3 +157,13 @@ def test_in_a_notebook_the_same_call_forks_the_ranks():
     out = checks.separate_ranks("camplib.dist.harness.collective_rank", namespace["ring_sum"],
                                 [torch.ones(2), 2 * torch.ones(2)])
     assert [o.tolist() for o in out["outputs"]] == [[3.0, 3.0]] * 2 and out["bytes_sent"] == [8, 8]
+
+
+def test_a_head_start_that_cannot_start_leaves_the_ranks_to_the_test(tmp_path):
+    """RankPool.prestart is only a head start: when its sandboxes cannot start (here the student's
+    sandbox, whose network they join, is not running) it raises nothing and holds no rank; the test
+    that needs ranks starts them and reports what fails then."""
+    main = _Student(Sandbox(tmp_path / "s", isolation="bwrap"), float("inf"))
+    pool = RankPool(main, [], lambda box: _Student(box, main.deadline), _observer_failed)
+    pool.prestart(2)
+    assert pool.ranks == []
