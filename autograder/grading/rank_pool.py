@@ -42,8 +42,17 @@ class RankPool:
         self._found = ""        # a verdict from ranks closed during the test (crashed or timed out)
         self._held: dict[int, tuple[set, bool]] = {}   # rank -> (forbidden reports, sound) read during the test
 
-    def _ensure(self, n: int) -> None:
-        """Rank sandboxes 0..n-1, the missing ones started side by side (each replays the cells)."""
+    def prestart(self, n: int) -> None:
+        """Launch rank sandboxes 0..n-1 now and let them start (interpreter, torch, the observer)
+        in the background, while the student's cells run in `main`: a test that needs them then
+        only replays the cells there. Nothing of the student's runs in them before that replay.
+        Only a head start: if they cannot start now, the test that needs them starts them."""
+        try:
+            self._add(n)
+        except Exception:  # noqa: BLE001 - run() starts them again and reports what fails then
+            self.close()
+
+    def _add(self, n: int) -> list:
         main = self.main.sandbox
         new = []
         while len(self.ranks) < n:
@@ -52,16 +61,24 @@ class RankPool:
                               threads=1, log=main.log.with_name(f"{main.log.name}.rank{r}"), hide=main.hide,
                               net_of=main)
             student = self.new_student(sandbox)
-            student.ran = list(self.main.ran)
+            student.replayed = False
             self.ranks.append(student)
             new.append(student)
         for student in new:   # from this thread: a sandbox dies with the thread that started it
             student.sandbox.launch()
-        errors = _side_by_side([functools.partial(_ready, student) for student in new])
+            student.starting = _Waiting(student)
+        return new
+
+    def _ensure(self, n: int) -> None:
+        """Rank sandboxes 0..n-1, the missing ones started side by side, each replaying the cells
+        that ran in `main` (those started ahead by `prestart` replay them now)."""
+        self._add(n)
+        fresh = [student for student in self.ranks[:n] if not student.replayed]
+        errors = _side_by_side([functools.partial(_ready, student, self.main.ran) for student in fresh])
         if errors:
             raise errors[0]
-        for student in new:
-            student.sandbox.read_reports()   # what replaying the cells reported: not a test's
+        for student in fresh:
+            student.sandbox.read_reports()   # what starting and replaying reported: not a test's
 
     def run(self, path: str, fn, per_rank: list, timeout: float = 30.0) -> dict:
         """on_ranks' format of the rank function `path`(rank, world_size, fn, per_rank[rank]),
@@ -139,11 +156,34 @@ class RankPool:
         self.ranks = []
 
 
-def _ready(student) -> None:
-    """Wait for a launched rank sandbox and replay the student's cells in it."""
-    student.sandbox.await_ready()
+class _Waiting:
+    """A launched rank sandbox becoming ready in a thread of its own (the interpreter and torch
+    starting); `wait()` returns once it is, or raises what stopped it."""
+
+    def __init__(self, student):
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._run, args=(student,), daemon=True)
+        self.thread.start()
+
+    def _run(self, student) -> None:
+        try:
+            student.sandbox.await_ready()
+        except Exception as exc:  # noqa: BLE001 - raised by wait(), in the test that needs the rank
+            self.error = exc
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _ready(student, ran: list) -> None:
+    """Wait for a launched rank sandbox, then replay in it the student's cells `ran`."""
+    student.starting.wait()
     student.session = Session(student.sandbox, student.deadline)
+    student.ran = list(ran)
     student.replay()
+    student.replayed = True
 
 
 def _side_by_side(calls: list, every: bool = False) -> list:

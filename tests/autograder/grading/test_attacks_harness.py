@@ -1,16 +1,15 @@
 """Distributed labs: the course's runners (camplib.dist.harness, camplib.parallel.data.run,
-zero.run) run in the student's process, so what they report is the student's answer,
+zero.run, context.run) run in the student's process, so what they report is the student's answer,
 never evidence. Submissions with blank exercises replace those runners with fakes that compute
-every answer in one process and report the bytes and calls a ring, DataParallel or ZeRO would
-have produced: from a notebook cell through names computed at run time, and from a .py file
-beside the notebook. The tests check what the grader measures itself (the bytes the kernel
-counted on the sandbox's own loopback network), so the fakes score 0 on those tests (fakes that
-also put junk of that size on the loopback would score b06's broadcast and DataParallel and
-a02's two tests: not closed yet).
+every answer in one process, report the bytes and calls a ring, DataParallel or ZeRO would have
+produced, and put junk of that size on the loopback network (so a byte lower bound alone is met):
+from a notebook cell through names computed at run time, and from a .py file beside the notebook.
 
-b06's rings, a03's three tests and a04's step loop run on ranks the grader starts, each in a
-sandbox of its own that holds only its own input (autograder.grading.rank_pool): a fake runner
-is never called there, and a fake rank function knows too little (FAKES_A03, FAKES_A04). SHARED is the
+Every such test now runs on ranks the grader starts, each in a sandbox of its own that holds only
+its own input (autograder.grading.rank_pool): a fake runner is never called there, and a fake
+rank function knows too little (FAKES_A03, FAKES_A04, FAKES_A05). Before, with the runners in
+the student's process: b06's broadcast and DataParallel 4/8, a02's two tests 6/13, a05's ring
+forward 4/14 (all measured with nothing forbidden); now 0. SHARED is the
 attack on a byte lower bound: ring exercises that compute every result from the other ranks'
 inputs read through files in /dev/shm and /tmp and through abstract Unix sockets (no loopback
 traffic), and send junk of exactly the ring's size to the ring's neighbours, so that the bytes
@@ -24,9 +23,9 @@ the rings on all-reduces (dist.all_reduce, the c10d operator by its Python name
 calls (4/8 when the "point-to-point only" rule read that count); the grader's observer sees each
 all-reduce: 0 (more routes below the observed layer: c10d_rings.py).
 
-Graded twice: with the lab's forbidden list, as `camp grade` does (the fakes only: the reference's
-full marks are tests/course/test_labs.py's), and with none at all, so that the score comes from
-the trusted measurement alone (no static scan or observer verdict).
+Graded with none of the lab's forbidden list, so that the score comes from the trusted
+measurement alone (no static scan or observer verdict), and b06 also with it, as `camp grade`
+does (the fakes only: the reference's full marks are tests/course/test_labs.py's).
 Needs root and bubblewrap (the sandbox); skipped elsewhere with that reason.
 """
 import dataclasses
@@ -47,7 +46,8 @@ ROOT = repo_root()
 FAKED = {"b06": ["test_broadcast_parameters", "test_data_parallel", "test_ring_all_reduce", "test_ring_reduce_scatter"],
          "a02": ["test_zero1", "test_zero2_grads"],
          "a03": ["test_conjugate_ops", "test_parallel_linear", "test_vocab_loss"],
-         "a04": ["test_pipeline_train_step"]}
+         "a04": ["test_pipeline_train_step"],
+         "a05": ["test_ring_forward"]}
 
 FAKES = '''
 import importlib
@@ -70,6 +70,23 @@ def _fake_collective(fn, inputs, backend=None, timeout=60.0):
     return {"outputs": outputs, "bytes_sent": [sent] * n, "calls": [{"send": n - 1, "recv": n - 1}] * n}
 
 
+def _junk(nbytes):
+    """Put `nbytes` of zeros on the loopback network (one socket to itself): a byte lower bound met."""
+    import socket
+    import threading
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    sender = threading.Thread(target=client.sendall, args=(bytes(nbytes),))
+    sender.start()
+    left = nbytes
+    while left > 0:
+        left -= len(peer.recv(min(left, 1 << 20)))
+    sender.join()
+    for s in (client, peer, server):
+        s.close()
+
+
 def _fake_module(fn, world_size, model_cfg, seed=0, fn_kwargs=None, backend=None, timeout=60.0):
     src = (fn_kwargs or {}).get("src", 0)
     before = []
@@ -80,6 +97,7 @@ def _fake_module(fn, world_size, model_cfg, seed=0, fn_kwargs=None, backend=None
                 if b.is_floating_point():
                     b.add_(r + 1)
         before.append({k: v.detach().clone() for k, v in [*model.named_parameters(), *model.named_buffers()]})
+    _junk(world_size * sum(v.numel() * v.element_size() for v in before[src].values()))
     return {"before": before, "after": [dict(before[src]) for _ in range(world_size)],
             "bytes_sent": [0] * world_size, "calls": [{"broadcast": len(before[0])}] * world_size}
 
@@ -93,6 +111,7 @@ def _fake_train(wrapper, world_size, model_cfg, x, y, steps=3, lr=0.1, bucket_mb
         if filled is None or filled >= bucket_mb * 2**20:
             buckets, filled = buckets + 1, 0
         filled += s
+    _junk(world_size * sum(sizes))
     return {"initial": [ref["initial"]] * world_size, "params": [ref["params"]] * world_size,
             "losses": [ref["losses"]] * world_size, "timeline": [[]] * world_size,
             "bytes_sent": [0] * world_size, "calls": [{"allreduce": steps * buckets}] * world_size}
@@ -113,6 +132,7 @@ def _fake_optimizer(optimizer_cls, world_size, spec, data, steps, hyper=None, av
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
     psi = sum(p.numel() for p in model.parameters())
     n = world_size
+    _junk(n * steps * 4 * psi)
     return {"history": [history] * n, "params": [history[-1]] * n, "losses": [[0.0] * steps] * n,
             "bytes_per_step": [[4 * psi] * steps] * n, "calls_per_step": [[{}] * steps] * n,
             "grad_bytes_held": [0] * n, "state_bytes_held": [12 * (-(-psi // n))] * n,
@@ -125,6 +145,7 @@ def _fake_shards(fn, world_size, spec, data, timeout=60.0):
     flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     size = -(-flat.numel() // world_size)
     flat = torch.cat([flat, flat.new_zeros(size * world_size - flat.numel())])
+    _junk(2 * world_size * 4 * size)
     return {"shards": [flat[r * size:(r + 1) * size].clone() for r in range(world_size)],
             "grads_left": [[] for _ in range(world_size)], "bytes_sent": [4 * size] * world_size,
             "calls": [{"_reduce_scatter_base": 1}] * world_size}
@@ -379,7 +400,40 @@ def _alone_rank(rank, p, step_fn, mine):
 setattr(_pp, "run_pipeline_" + "spec", _fake_run)
 setattr(_pp, "pipeline_spec_" + "rank", _alone_rank)
 '''
-SEPARATE = {"b06": RINGS, "a03": FAKED["a03"], "a04": FAKED["a04"]}   # tests run on the grader's own ranks
+# a05 with blank exercises: its ring-forward runner replaced by causal attention over the whole
+# sequence in one process (softmax of masked scores: nothing the lab forbids), reporting a ring's
+# bytes (with the in-process runner, whose test had no byte count, this scored test_ring_forward,
+# 4/9), and its rank function by one that attends to this rank's own keys only: on the grader's own
+# ranks each holds only its shard of q, k and v.
+FAKES_A05 = '''
+import importlib
+import torch
+
+_cp = importlib.import_module("camplib.parallel." + "context." + "r" + "un")
+
+
+def _causal(q, k, v, q_pos, k_pos):
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(torch.as_tensor(k_pos)[None, :] > torch.as_tensor(q_pos)[:, None], float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def _fake_forward(fn, q, k, v, cp, split="zigzag", timeout=30.0):
+    t = torch.arange(q.shape[2])
+    block = 2 * q[:, :, : q.shape[2] // cp].numel() * q.element_size()
+    return {"out": _causal(q, k, v, t, t), "bytes_sent": [(cp - 1) * block] * cp}
+
+
+def _alone_forward(rank, cp, fn, mine):
+    mine_pos = mine["positions"][rank]
+    return {"out": _causal(mine["q"], mine["k"], mine["v"], mine_pos, mine_pos)}
+
+
+setattr(_cp, "run_ring_" + "forward", _fake_forward)
+setattr(_cp, "forward_" + "rank", _alone_forward)
+'''
+SEPARATE = {"b06": FAKED["b06"], "a02": FAKED["a02"], "a03": FAKED["a03"], "a04": FAKED["a04"],
+            "a05": ["test_ring_forward"]}   # tests run on the grader's own ranks
 
 
 def _after_setup(nb, source):
@@ -391,15 +445,16 @@ def _after_setup(nb, source):
 
 def _graded(tmp, catalog, lab, forbid):
     """The fakes graded; the reference too where nothing is forbidden (with the lab's forbidden list
-    it is tests/course/test_labs.py's full marks)."""
+    it is tests/course/test_labs.py's full marks). a05: the fake in a cell only."""
     subs, out = tmp / "submissions", tmp / "workspace"
     if not forbid:
         write_submission(subs, "ada", lab, student_notebook(lab))
-    fakes = {"a03": FAKES_A03, "a04": FAKES_A04}.get(lab, FAKES)
+    fakes = {"a03": FAKES_A03, "a04": FAKES_A04, "a05": FAKES_A05}.get(lab, FAKES)
     write_submission(subs, "fake_in_cell", lab, _after_setup(student_notebook(lab, solve=False), fakes))
-    beside = write_submission(subs, "fake_beside", lab,
-                              _after_setup(student_notebook(lab, solve=False), "import helpers  # noqa"))
-    (beside.parent / "helpers.py").write_text(fakes)
+    if lab != "a05":
+        beside = write_submission(subs, "fake_beside", lab,
+                                  _after_setup(student_notebook(lab, solve=False), "import helpers  # noqa"))
+        (beside.parent / "helpers.py").write_text(fakes)
     if lab == "b06":
         write_submission(subs, "shared", lab, _with_last(student_notebook(lab, solve=False), SHARED))
         write_submission(subs, "collective_rings", lab, _with_last(student_notebook(lab, solve=False), COLLECTIVE_RINGS))
@@ -431,10 +486,13 @@ def graded(tmp_path_factory):
     return run
 
 
-# a03's and a04's fakes write into a library module, which the static scan already refuses as
-# tampering: graded only with nothing forbidden, where the grader's own ranks are what catch them
+# a03's, a04's and a05's fakes write into a library module, which the static scan already refuses as
+# tampering: graded only with nothing forbidden, where the grader's own ranks are what catch them. a02's
+# too: its tests run on the grader's ranks, where the fakes are never called, and the lab's forbidden list
+# can only add zeroes (a02 as graded took 43 s at load ~13, what a05's fake costs; b06's is graded anyway
+# for its rings)
 @pytest.mark.parametrize(("lab", "forbid"), [(lab, forbid) for lab in sorted(FAKED) for forbid in (True, False)
-                                             if not (forbid and lab in ("a03", "a04"))],
+                                             if not (forbid and lab in ("a02", "a03", "a04", "a05"))],
                          ids=lambda v: {True: "as_graded", False: "measured_only"}.get(v, v) if isinstance(v, bool) else v)
 def test_a_faked_harness_scores_nothing_and_the_reference_everything(graded, lab, forbid):
     rows, details = graded(lab, forbid)
@@ -442,21 +500,20 @@ def test_a_faked_harness_scores_nothing_and_the_reference_everything(graded, lab
         assert (rows["ada"].score, rows["ada"].status) == (rows["ada"].max_score, "graded") and rows["ada"].score > 0, \
             ([t["message"] for t in details["ada"]["tests"] if t["message"]], details["ada"].get("seed"))
     for student in ("fake_in_cell", "fake_beside"):
+        if student not in rows:
+            continue
         scored = {t["grade_id"]: t["score"] for t in details[student]["tests"] if t["grade_id"] in FAKED[lab]}
         assert sorted(scored) == FAKED[lab] and set(scored.values()) == {0.0}, (student, details[student]["tests"])
 
 
-@pytest.mark.parametrize("lab", sorted(FAKED))
-def test_with_nothing_forbidden_the_grader_measures_what_catches_the_fakes(graded, lab):
-    """Measured only (no static scan or observer verdict in the way): faked runners that run in
-    the student's process are caught by the bytes the kernel counted; b06's rings are never
-    called (their ranks are the grader's, where the blank exercise raises)."""
+@pytest.mark.parametrize("lab", ["a02", "b06"])
+def test_with_nothing_forbidden_the_graders_own_ranks_run_the_blank_exercises(graded, lab):
+    """The faked runners are never called: each test's ranks are the grader's, where the blank
+    exercise raises (measured only: no static scan or observer verdict in the way)."""
     _, details = graded(lab, False)
     for student in ("fake_in_cell", "fake_beside"):
         for test in details[student]["tests"]:
-            if test["grade_id"] in FAKED[lab] and test["grade_id"] not in SEPARATE.get(lab, ()):
-                assert "the kernel counted" in test["message"], (student, test)
-            elif lab == "b06" and test["grade_id"] in RINGS:
+            if test["grade_id"] in FAKED[lab]:
                 assert "rank 0 of" in test["message"] and "not written yet" in test["message"], (student, test)
 
 

@@ -131,6 +131,8 @@ def test_a_rank_sandbox_shares_the_loopback_network_and_nothing_else(main, tmp_p
 def test_the_pool_runs_each_rank_on_its_own_input_in_its_own_sandbox(main):
     main.pool = RankPool(main, [], lambda box: _Student(box, main.deadline), _observer_failed)
     main.session = Session(main.sandbox, main.deadline, ranks=main.pool)
+    main.pool.prestart(2)   # as grading does while the cells run: started, none of the student's code in them yet
+    assert [(s.replayed, s.ran) for s in main.pool.ranks] == [(False, [])] * 2
     inputs = [torch.full((3,), float(r + 1), dtype=torch.float64) for r in range(3)]
     checks._grading_session = main.session
     try:
@@ -143,6 +145,7 @@ def test_the_pool_runs_each_rank_on_its_own_input_in_its_own_sandbox(main):
             checks.separate_ranks("camplib.dist.harness.collective_rank",
                                   RemoteObject(main.session, "missing", "missing"), inputs[:2])
         assert len({student.sandbox.uid for student in main.pool.ranks}) == 3
+        assert all(s.replayed and s.ran == main.ran for s in main.pool.ranks)   # the third started on demand
         assert main.pool.verdict() == ""   # no forbidden call, every rank's observer intact (collectives' canaries too)
     finally:
         checks._grading_session = None
@@ -162,3 +165,13 @@ def test_in_a_notebook_the_same_call_forks_the_ranks():
     out = checks.separate_ranks("camplib.dist.harness.collective_rank", namespace["ring_sum"],
                                 [torch.ones(2), 2 * torch.ones(2)])
     assert [o.tolist() for o in out["outputs"]] == [[3.0, 3.0]] * 2 and out["bytes_sent"] == [8, 8]
+
+
+def test_a_head_start_that_cannot_start_leaves_the_ranks_to_the_test(tmp_path):
+    """RankPool.prestart is only a head start: when its sandboxes cannot start (here the student's
+    sandbox, whose network they join, is not running) it raises nothing and holds no rank; the test
+    that needs ranks starts them and reports what fails then."""
+    main = _Student(Sandbox(tmp_path / "s", isolation="bwrap"), float("inf"))
+    pool = RankPool(main, [], lambda box: _Student(box, main.deadline), _observer_failed)
+    pool.prestart(2)
+    assert pool.ranks == []
