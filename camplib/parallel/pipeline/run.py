@@ -107,12 +107,15 @@ def pipeline_inputs(spec: dict, idx: torch.Tensor, targets: torch.Tensor, p: int
     of another rank's stages set to NaN, the token ids only where the first stage lives and the
     targets only where the last one does (random ids elsewhere, same shapes). A rank holds only
     its own stages: a loss or gradient it computes without the others is wrong, while a pipeline
-    never reads another stage's weights or another stage's inputs."""
+    never reads another stage's weights or another stage's inputs. The spec goes without its
+    "seed": a rank builds any model of that shape and loads its weights, and cannot rebuild the
+    other stages' weights from the seed."""
     gpt = build_model(spec)
     check_pipeline(gpt.config.n_layer, idx.size(0), p, m, v)
     check_schedule(schedule, m, v)
     state = gpt.state_dict(keep_vars=True)
     g = torch.Generator().manual_seed(0)
+    shape_only = {k: v for k, v in spec.items() if k != "seed"}
     ranks = []
     for rank in range(p):
         stages = stages_of_rank(gpt, rank, p, v)
@@ -121,7 +124,7 @@ def pipeline_inputs(spec: dict, idx: torch.Tensor, targets: torch.Tensor, p: int
                     else torch.full_like(t.detach(), float("nan"))) for n, t in state.items()}
         first = any(s.is_first for s in stages.values())
         last = any(s.is_last for s in stages.values())
-        ranks.append({"spec": spec, "state": mine, "m": m, "v": v, "schedule": schedule, "timeout": timeout,
+        ranks.append({"spec": shape_only, "state": mine, "m": m, "v": v, "schedule": schedule, "timeout": timeout,
                       "idx": idx if first else torch.randint(0, gpt.config.vocab_size, idx.shape, generator=g),
                       "targets": targets if last else torch.randint(0, gpt.config.vocab_size, targets.shape,
                                                                     generator=g)})

@@ -147,3 +147,33 @@ def test_recorded_actions_share_one_clock_and_follow_the_schedule():
     # started (not "ended": the end is read after the send is posted, and the receiver may run first)
     assert first[("F", 0, 1)][0] > first[("F", 0, 0)][0]
     assert first[("B", 0, 0)][0] > first[("B", 0, 1)][0]
+
+
+def test_ranks_inputs_hold_no_seed_to_rebuild_the_other_stages():
+    """`pipeline_inputs` (what the grader hands each rank of a04's hidden step): a rank gets its own
+    stages' weights and the model's shape, never the spec's seed, so it cannot rebuild another
+    stage's weights; the step on those inputs is still the one-process step (fp64, 1e-12). (~3 s)"""
+    from camplib.dist.separate import on_separate_ranks
+    from camplib.parallel.model_specs import build_model
+    from camplib.parallel.pipeline.run import join_pipeline, pipeline_inputs, run_pipeline_spec
+
+    config = {"vocab_size": 32, "n_layer": 2, "n_head": 2, "d_model": 16, "max_seq_len": 8}
+    spec = {"kind": "gpt", "config": config, "dtype": "float64", "seed": 1234}
+    g = torch.Generator().manual_seed(5)
+    idx, targets = torch.randint(0, 32, (4, 8), generator=g), torch.randint(0, 32, (4, 8), generator=g)
+    actions = [[tuple(a) for a in rank] for rank in build_schedule("1f1b", 2, 2, 1)]
+    inputs = pipeline_inputs(spec, idx, targets, 2, 2, 1, actions)
+    real = build_model(spec).state_dict()
+    for rank, mine in enumerate(inputs):
+        assert "seed" not in mine["spec"], f"rank {rank}'s spec carries the seed"
+        rebuilt = build_model(mine["spec"]).state_dict()
+        others = [n for n, t in mine["state"].items() if t.is_floating_point() and t.isnan().all()]
+        assert others, f"rank {rank} holds every stage's weights"
+        drawn = [n for n in others if real[n].std() > 0]      # not the norms' ones and the biases' zeros
+        assert drawn and not any(torch.equal(rebuilt[n], real[n]) for n in drawn), \
+            f"rank {rank} rebuilds another stage's weights from its spec"
+    out = join_pipeline(on_separate_ranks("camplib.parallel.pipeline.run.pipeline_spec_rank", pipeline_step, inputs),
+                        2, 1)
+    ref = run_pipeline_spec(spec, idx, targets, 2, 2, 1, "1f1b")
+    assert_close("loss on ranks handed pipeline_inputs", out["loss"], ref["loss"], atol=1e-12, rtol=1e-12)
+    assert_close("grads on ranks handed pipeline_inputs", out["grads"], ref["grads"], atol=1e-12, rtol=1e-12)
