@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["DTYPES", "build_model", "batch_loss"]
+__all__ = ["DTYPES", "build_model", "model_with_weights", "batch_loss"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ACTIVATIONS = {"gelu": nn.GELU, "tanh": nn.Tanh}
@@ -39,6 +39,14 @@ def build_model(spec: dict, seed: int | None = None) -> nn.Module:
         else:
             raise ValueError(f"unknown model kind {kind!r} (expected 'mlp' or 'gpt')")
     return model.to(DTYPES[spec.get("dtype", "float32")])
+
+
+def model_with_weights(spec: dict, state: dict) -> nn.Module:
+    """The model `spec` describes carrying the weights `state` (what a rank is handed), whatever
+    seed the spec has or lacks."""
+    model = build_model(spec, 0)
+    model.load_state_dict(state)
+    return model
 
 
 def batch_loss(model: nn.Module, spec: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

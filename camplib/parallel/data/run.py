@@ -21,7 +21,7 @@ from torch import nn
 
 from camplib.dist.ranks import on_ranks
 
-from camplib.parallel.model_specs import batch_loss, build_model
+from camplib.parallel.model_specs import batch_loss, build_model, model_with_weights
 from camplib.parallel.reference import make_optimizer, parameters_of, reference_run, repeat_batch
 
 __all__ = ["build_model", "train_reference", "train_on_ranks", "run_on_module", "train_inputs", "train_rank",
@@ -125,8 +125,7 @@ def train_inputs(world_size: int, model_cfg: dict, x: torch.Tensor, y: torch.Ten
 def train_rank(rank: int, world_size: int, wrapper, mine: dict) -> dict:
     """One rank of `train_on_ranks` holding only its `train_inputs` (the rows of one fixed batch at
     every step): what autograder.checks.separate_ranks hands each rank."""
-    model = build_model(mine["cfg"], 0)
-    model.load_state_dict(mine["state"])
+    model = model_with_weights(mine["cfg"], mine["state"])
     steps = mine["steps"]
     return _train(wrapper, mine["cfg"], model, {"x": [mine["x"]] * steps, "y": [mine["y"]] * steps}, steps,
                   mine["lr"], mine["bucket_mb"], mine["optimizer"], mine["micro_batches"])
@@ -147,8 +146,7 @@ def module_inputs(world_size: int, model_cfg: dict, generator: torch.Generator, 
 def module_rank(rank: int, world_size: int, fn, mine: dict) -> dict:
     """One rank of `run_on_module` holding only its own `module_inputs`: `fn(model, **kwargs)` on
     a model carrying this rank's weights. Returns {"after": {name: tensor}} (parameters and buffers)."""
-    model = build_model(mine["cfg"], 0)
-    model.load_state_dict(mine["state"])
+    model = model_with_weights(mine["cfg"], mine["state"])
     fn(model, **mine["kwargs"])
     return {"after": parameters_of(model, buffers=True)}
 

@@ -21,7 +21,7 @@ from torch import nn
 from camplib.dist import on_ranks
 from camplib.parallel.pipeline.stages import InFlight, check_pipeline, pipeline_step, stages_of_rank
 from camplib.parallel.pipeline.comm import PipelineComm, sum_tied_grad
-from camplib.parallel.model_specs import build_model
+from camplib.parallel.model_specs import build_model, model_with_weights
 from camplib.parallel.pipeline.schedule import as_actions, build_schedule, check_schedule
 
 __all__ = ["join_pipeline", "pipeline_inputs", "pipeline_rank", "pipeline_spec_rank", "run_pipeline",
@@ -134,7 +134,6 @@ def pipeline_inputs(spec: dict, idx: torch.Tensor, targets: torch.Tensor, p: int
 def pipeline_spec_rank(rank: int, p: int, step_fn, mine: dict) -> dict:
     """One rank of a pipeline step on this rank's own `pipeline_inputs` (what
     autograder.checks.separate_ranks hands each rank)."""
-    gpt = build_model(mine["spec"])
-    gpt.load_state_dict(mine["state"])
+    gpt = model_with_weights(mine["spec"], mine["state"])
     return pipeline_rank(rank, p, gpt, mine["idx"], mine["targets"], mine["m"], mine["v"],
                          as_actions(mine["schedule"]), step_fn, mine["timeout"])
