@@ -22,8 +22,10 @@ element-wise work, norms, the loss, the optimizer and the Python between operato
 against it), the kernels both sides call alike, and the ceiling ratio / camplib's share: the
 ratio camplib would reach if everything else cost nothing (a goal above it cannot be met by the
 model's code on this machine). Eager on the CPU the share is CPU time, which other jobs on a
-shared machine do not inflate: the products' CPU time per step (camplib.profiling.op_cpu_times,
-median of the profiled steps) over the median CPU time of the unprofiled steps; compiled or on
+shared machine do not inflate: the products' CPU time in a profiled step (camplib.profiling.op_cpu_times)
+over the CPU time of an unprofiled step of the same side run just before it (the median of these
+per-step shares: the load of a shared machine changes from minute to minute, and a share whose two
+halves were measured minutes apart moved by up to 0.05); compiled or on
 CUDA it is torch.profiler's self time of those kernels over the profiled step's wall time
 (profiler overhead included, so lower). After each row, camplib's costliest operators outside
 the products (`--ops`), in CPU time (each includes ~10 us of the timer's own overhead per call;
@@ -123,9 +125,10 @@ class Side:
 
     def shared_ms(self, x, y, compiled: bool) -> tuple[float, float | None, list]:
         """(ms of one step in SHARED_KERNELS, the profiled step's ms or None, the other operators'
-        rows). Eager on the CPU: CPU time of this thread per operator (camplib.profiling.op_cpu_times),
-        which the other jobs of a shared machine do not inflate, to be divided by the unprofiled
-        steps' median CPU time (None here: Python between operators counts as not shared, the
+        rows; all operators' ms sum to less than the step: the rest is Python and autograd's engine
+        between operators). Eager on the CPU: CPU time of this thread per operator (camplib.profiling.op_cpu_times),
+        which the other jobs of a shared machine do not inflate, to be divided by the CPU time of an
+        unprofiled step run just before (None here: Python between operators counts as not shared, the
         profiler's overhead does not). Compiled or on CUDA: torch.profiler's self times (device
         time on CUDA) over the profiled step's own wall time, profiler overhead included (a
         compiled function runs eagerly under a dispatch mode, so CPU time per operator cannot
@@ -185,7 +188,10 @@ def run_config(family, size, precision, attn, data, args, device) -> dict:
     """Both models from the same weights, trained side by side on the same batches, the order
     alternating every step (ours first, then HF first...), so that load from other processes
     hits both alike; tokens/s from each side's median step time after the warm-up steps. Then
-    `--profiled` steps of each, alternating, under torch.profiler: the median share."""
+    `--profiled` steps of each, alternating, each under the profiler right after an unprofiled step
+    of the same side: the median share, each profiled step's time in the products over its
+    neighbour's (so a change of load between the timed and the profiled steps cannot move the
+    share)."""
     hf = hf_model(family, size, attn, args.seq).to(device)
     models = {"camplib": ours_from(hf, args.ours_attention), "transformers": hf}
     sides = {}
@@ -195,7 +201,7 @@ def run_config(family, size, precision, attn, data, args, device) -> dict:
         sides[name] = Side(model, torch.compile(fn) if args.compile else fn, device, precision, args.adamw)
     clock = time.process_time if args.clock == "process" else time.perf_counter
     times, cpu = {name: [] for name in sides}, {name: [] for name in sides}
-    losses, shared, walls, others = {}, {name: [] for name in sides}, {name: [] for name in sides}, {}
+    losses, profiled = {}, {name: [] for name in sides}
     n = args.warmup + args.steps + (args.profiled if args.shares else 0)
     for i, (x, y) in enumerate(batches(data, args.batch, args.seq, n, seed=0)):
         for name in (list(sides) if i % 2 == 0 else list(sides)[::-1]):
@@ -206,18 +212,32 @@ def run_config(family, size, precision, attn, data, args, device) -> dict:
                     times[name].append(seconds)
                     cpu[name].append(cpu_seconds * 1e3)
             else:
+                # an unprofiled step just before the profiled one: its CPU time is the denominator
+                # of this profiled step's share, measured at the same load (not minutes earlier)
+                near_ms = sides[name].timed_step(x, y, clock)[1] * 1e3
                 ms, wall, rest = sides[name].shared_ms(x, y, args.compile)
-                shared[name].append(ms)
-                walls[name].append(wall)
-                others[name] = rest
+                share = ms / (near_ms if wall is None else wall)
+                profiled[name].append(dict(share=share, shared_ms=ms, step_ms=near_ms, others=rest))
     tok_s = {name: args.batch * args.seq / statistics.median(t) for name, t in times.items()}
-    share = {}
-    for name, ms in shared.items():
-        if ms:   # median shared time over the median step (CPU time), or the median of per-step shares (wall)
-            share[name] = (statistics.median(ms) / statistics.median(cpu[name]) if walls[name][0] is None
-                           else statistics.median(m / w for m, w in zip(ms, walls[name])))
-    return dict(med=tok_s, losses=losses, shares=share, ratio=tok_s["camplib"] / tok_s["transformers"],
-                others=others.get("camplib", []), step_ms=statistics.median(cpu["camplib"]))
+    # the profiled step with the median share (the lower middle one for an even count): its share,
+    # and its parts for the breakdown printed under the row
+    middle = {name: sorted(steps, key=lambda p: p["share"])[(len(steps) - 1) // 2]
+              for name, steps in profiled.items() if steps}
+    return dict(med=tok_s, losses=losses, shares={name: p["share"] for name, p in middle.items()},
+                ratio=tok_s["camplib"] / tok_s["transformers"], step_ms=statistics.median(cpu["camplib"]),
+                profiled=middle.get("camplib"), others=middle["camplib"]["others"] if "camplib" in middle else [])
+
+
+def remainder(step: dict) -> str:
+    """Where camplib's profiled step (the one with the median share) goes, in CPU ms: products and
+    attention, every other operator (views apart) and the rest, the Python and autograd engine
+    between operators, adding up to the unprofiled step run just before it."""
+    ops = sum(r.self_ms for r in step["others"])
+    views = sum(r.self_ms for r in step["others"] if r.name in METADATA_OPS)
+    rest = step["step_ms"] - step["shared_ms"] - ops
+    return (f"step {step['step_ms']:.1f} ms = mm+attn {step['shared_ms']:.1f} + other operators {ops - views:.1f} "
+            f"+ views {views:.1f} + Python/autograd between operators {rest:.1f} (the rest; each operator's "
+            f"time also carries some of the timer's overhead)")
 
 
 def op_label(name: str) -> str:
@@ -347,6 +367,8 @@ def main():
                                or device.type != "cpu" else "CPU time")
                         print(f"    camplib outside mm+attn, of a {res['step_ms']:.1f} ms step (CPU time) ({how}): " + ", ".join(
                             f"{op_label(r.name)} {r.self_ms:.2f} ms" for r in top), flush=True)
+                        if not args.compile and device.type == "cpu":
+                            print("    " + remainder(res["profiled"]), flush=True)
     print(f"lowest ratio camplib / transformers: {min(ratios):.2f} (goal >= {goal}); {load()}")
     if ceilings:
         print(f"mm+attn share: the fraction of a profiled step in matrix products and attention (camplib / HF), "
