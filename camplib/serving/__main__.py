@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import torch
 
@@ -75,10 +73,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="on a CPU, run the linear layers from weights packed once for oneDNN (as vLLM's CPU "
                          "backend does) with fewer kernels per layer (camplib.serving.cpu_model; equal up to "
                          "rounding); --no-fast-cpu runs the model exactly as loaded")
-    ap.add_argument("--huge-pages", action=argparse.BooleanOptionalAction, default=True,
-                    help="on a CPU under Linux, restart with torch's transparent-huge-page advice for its large "
-                         "allocations (weights, KV pool) when the kernel gives them only on request "
-                         "(camplib.serving.cpu_model.huge_pages_advisable)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
@@ -86,11 +80,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None):
     args = parse_args(argv)
-    from camplib.serving.cpu_model import HUGE_PAGES_ENV, huge_pages_advisable
-    if args.huge_pages and torch.device(args.device).type == "cpu" and huge_pages_advisable():
-        # torch reads the variable once, before any weight is loaded: the same command, restarted with it
-        argv = sys.argv[1:] if argv is None else argv
-        os.execve(sys.executable, [sys.executable, "-m", "camplib.serving", *argv], {**os.environ, HUGE_PAGES_ENV: "1"})
     torch.set_num_threads(args.threads)
     import uvicorn
 

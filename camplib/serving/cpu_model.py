@@ -23,23 +23,11 @@ its exactness tests run on the model as given.
 `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise` are the operators torch's own
 compiler (inductor, with freezing) emits for the same purpose; they exist only in CPU builds with
 oneDNN, and `available()` says whether this one has them.
-
-Huge pages: each decoding step streams all ~540 MB of SmolLM2's fp32 weights from memory, ~135,000
-pages of 4 KB, each a TLB miss. Where Linux gives transparent huge pages only to memory that asks
-for them (`madvise` mode, as on the course machine), torch asks for every allocation of 2 MB or
-more when THP_MEM_ALLOC_ENABLE=1 is set before the process starts: the packed weights and the KV
-pool then sit in 2 MB pages. A step of 16 decoding sequences of SmolLM2 took 126-144 ms of CPU with
-it against 145-155 ms without (median of 40 steps; 4 and 3 processes alternating on one core, load
-7-10; benchmarks/README.md).
-`python -m camplib.serving` restarts itself with it where `huge_pages_advisable()` says so.
 """
 from __future__ import annotations
 
 import copy
 import itertools
-import os
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -47,30 +35,15 @@ from torch import nn
 
 from camplib.model import RMSNorm, SwiGLU
 
-__all__ = ["PackedLinear", "PackedSwiGLU", "OneCallRMSNorm", "available", "for_cpu_serving", "HUGE_PAGES_ENV",
-           "huge_pages_advisable"]
+__all__ = ["PackedLinear", "PackedSwiGLU", "OneCallRMSNorm", "available", "for_cpu_serving"]
 
 DTYPES = (torch.float32, torch.bfloat16)
-HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"   # read by torch's CPU allocator (c10) at its first large allocation
-THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def available(device: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether weights on `device` in `dtype` can be packed for oneDNN here."""
     return (torch.device(device).type == "cpu" and dtype in DTYPES and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
-
-
-def huge_pages_advisable(environ=os.environ, mode_file: Path = THP_MODE) -> bool:
-    """Whether a serving process should start (again) with HUGE_PAGES_ENV=1: on Linux, when it is not
-    set yet and transparent huge pages are given on request only ("[madvise]"; with "[always]"
-    every large allocation gets them anyway, with "[never]" none does)."""
-    if not sys.platform.startswith("linux") or HUGE_PAGES_ENV in environ:
-        return False
-    try:
-        return "[madvise]" in mode_file.read_text()
-    except OSError:
-        return False
 
 
 class PackedLinear(nn.Module):

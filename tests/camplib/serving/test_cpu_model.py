@@ -8,8 +8,7 @@ import camplib.serving.engine as engine_module
 from camplib.generate import generate
 from camplib.model import GPT, GPTConfig
 from camplib.serving import Engine, SamplingParams
-from camplib.serving.cpu_model import (HUGE_PAGES_ENV, OneCallRMSNorm, PackedLinear, PackedSwiGLU, available,
-                                       for_cpu_serving, huge_pages_advisable)
+from camplib.serving.cpu_model import OneCallRMSNorm, PackedLinear, PackedSwiGLU, available, for_cpu_serving
 from tests.support import not_run
 
 
@@ -79,17 +78,3 @@ def test_one_forward_per_step_and_packed_engine_matches_generate(monkeypatch):
     for seq, p in zip([first, *late], prompts):
         alone = generate(model, torch.tensor([p]), 10)[0, len(p):].tolist()
         assert seq.output == alone, f"prompt of {len(p)} tokens: packed engine {seq.output} != generate {alone}"
-
-
-def test_huge_pages_are_asked_for_only_where_the_kernel_gives_them_on_request(tmp_path, monkeypatch):
-    monkeypatch.setattr("sys.platform", "linux")
-    mode = tmp_path / "enabled"
-    for text, expected in [("always [madvise] never\n", True), ("[always] madvise never\n", False),
-                           ("always madvise [never]\n", False)]:
-        mode.write_text(text)
-        assert huge_pages_advisable({}, mode) is expected, f"THP mode {text.strip()!r}: expected {expected}"
-    mode.write_text("always [madvise] never\n")
-    assert not huge_pages_advisable({HUGE_PAGES_ENV: "0"}, mode), "the variable is already set: no restart"
-    assert not huge_pages_advisable({}, tmp_path / "missing"), "no THP setting readable: no restart"
-    monkeypatch.setattr("sys.platform", "darwin")
-    assert not huge_pages_advisable({}, mode), "not Linux: no restart"
