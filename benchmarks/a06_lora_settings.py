@@ -136,9 +136,13 @@ def main() -> None:
     res = report(clf, test_x, test_y)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     weakest = sorted(res["per_intent"].items(), key=lambda kv: kv[1])[:3]
+    names, confusion = d["intents"], res["confusion"]
+    confused = sorted(((int(confusion[i, j]), f"{names[i]}->{names[j]}") for i in range(len(names))
+                       for j in range(len(names)) if i != j and confusion[i, j]), reverse=True)[:8]
     out = {"settings": settings, "seed": a.seed, "threads": a.threads, "split": "validation" if a.val else "held-out",
            "n_train": n_train, "n_test": len(test_x), "probe": probe, "accuracy": round(res["accuracy"], 3),
-           "brief": BRIEF, "weakest": {k: round(v, 2) for k, v in weakest}, "last_loss": round(losses[-1], 3),
+           "brief": BRIEF, "weakest": {k: round(v, 2) for k, v in weakest},
+           "confused": {pair: n for n, pair in confused}, "last_loss": round(losses[-1], 3),
            "train_s": round(time.perf_counter() - tuned, 1), "wall_s": round(time.perf_counter() - start, 1),
            "cpu_s": round(time.process_time() - cpu, 1), "user_sys_s": round(usage.ru_utime + usage.ru_stime, 1),
            "load": round(os.getloadavg()[0], 1)}

@@ -29,18 +29,19 @@ from camplib.intents.data import make_intent_dataset
 __all__ = ["RECIPE", "recipe_training_set", "train_recipe"]
 
 RECIPE = {"extra_per_intent": 96, "more_phrasings": True, "top": 2, "pooling": "mean", "steps": 300, "batch_size": 32, "lr": 2e-4,
-          "head_lr": 3e-3, "label_smoothing": 0.1, "warmup": 30, "cosine": True}
+          "head_lr": 3e-3, "label_smoothing": 0.1, "warmup": 30, "cosine": True, "rdrop": 0.0,
+          "two_requests": 0.3}
 
 
 def recipe_training_set(texts: list[str], labels: list[int], extra_per_intent: int, seed: int = 0,
-                        more_phrasings: bool = False):
+                        more_phrasings: bool = False, two_requests: float = 0.3):
     """The training requests plus `extra_per_intent` more per intent from the training side of
     camplib.intents (seed + 1000: new slot values and noise, never a held-out phrasing; with
     `more_phrasings`, drawn from camplib.intents.more_phrasings' wording too)."""
     if extra_per_intent <= 0:
         return list(texts), list(labels)
     more_texts, more_labels = make_intent_dataset(extra_per_intent, 0, seed=seed + 1000,
-                                                  more_phrasings=more_phrasings)["train"]
+                                                  more_phrasings=more_phrasings, two_requests=two_requests)["train"]
     return list(texts) + more_texts, list(labels) + more_labels
 
 
@@ -53,7 +54,8 @@ def train_recipe(texts: list[str], labels: list[int], intents: list[str], *, lay
     if unknown:
         raise ValueError(f"not a setting of the recipe: {unknown}; it has {sorted(RECIPE)}")
     s = {**RECIPE, **overrides}
-    texts, labels = recipe_training_set(texts, labels, s["extra_per_intent"], seed, s["more_phrasings"])
+    texts, labels = recipe_training_set(texts, labels, s["extra_per_intent"], seed, s["more_phrasings"],
+                                        s["two_requests"])
     clf = IntentClassifier(*load_minilm(layers, device), intents, pooling=s["pooling"])
     for p in clf.encoder.parameters():
         p.requires_grad_(False)
@@ -61,5 +63,6 @@ def train_recipe(texts: list[str], labels: list[int], intents: list[str], *, lay
     for p in clf.encoder.encoder.layer[max(0, layers - s["top"]):].parameters():
         p.requires_grad_(True)
     losses = fine_tune(clf, texts, labels, s["steps"], s["batch_size"], s["lr"], s["head_lr"], seed=seed,
-                       label_smoothing=s["label_smoothing"], warmup=s["warmup"], cosine=s["cosine"])
+                       label_smoothing=s["label_smoothing"], warmup=s["warmup"], cosine=s["cosine"],
+                       rdrop=s["rdrop"])
     return clf.eval(), losses

@@ -10,7 +10,7 @@ import pytest
 
 from camplib.intents import INTENTS, add_noise, make_intent_dataset, phrasings
 from camplib.intents import data as intent_data
-from camplib.intents.more_phrasings import MORE_PHRASINGS
+from camplib.intents.more_phrasings import MORE_PHRASINGS, MORE_PRODUCTS, MORE_WHEN
 from camplib.intents.templates import TEMPLATES
 
 
@@ -97,7 +97,7 @@ def test_bad_sizes_are_rejected():
 
 
 def test_more_phrasings_widen_training_only_and_copy_no_held_out_wording():
-    """camplib.intents.more_phrasings (a06's recipe trains on them): 24 new phrasings per intent,
+    """camplib.intents.more_phrasings (a06's recipe trains on them): 48 new phrasings per intent,
     none a held-out phrasing of any intent, nor a near copy (word overlap or characters), nor
     naming a held-out product or time; the held-out split stays the same request for request."""
     held_words = [(h.lower(), _words(h)) for intent in INTENTS for h in phrasings(intent, held_out=True)]
@@ -105,7 +105,7 @@ def test_more_phrasings_widen_training_only_and_copy_no_held_out_wording():
     held_slots = [*intent_data._PRODUCTS[1], *intent_data._WHEN[1]]
     for intent in INTENTS:
         more = MORE_PHRASINGS[intent]
-        assert len(more) == 24 and len({t.lower() for t in more}) == 24, intent
+        assert len(more) == 48 and len({t.lower() for t in more}) == 48, intent
         assert phrasings(intent, held_out=True, more=True) == phrasings(intent, held_out=True)
         assert phrasings(intent, more=True) == phrasings(intent) + more
         for t in more:
@@ -118,8 +118,13 @@ def test_more_phrasings_widen_training_only_and_copy_no_held_out_wording():
                 chars.set_seq1(h)
                 similar = chars.real_quick_ratio() >= 0.75 and chars.quick_ratio() >= 0.75 and chars.ratio() >= 0.75
                 assert overlap < 0.5 and not similar, (t, h, round(overlap, 2), round(chars.ratio(), 2))
+    for extra in (*MORE_PRODUCTS, *MORE_WHEN):                # its slot values: no held-out one, nor one inside
+        assert not any(s.lower() in extra.lower() or extra.lower() in s.lower() for s in held_slots), extra
     plain, wide = make_intent_dataset(48, 24, seed=3), make_intent_dataset(48, 24, seed=3, more_phrasings=True)
     assert wide["test"] == plain["test"] and wide["train"] != plain["train"]
+    assert any(p in " ".join(wide["train"][0]) for p in MORE_PRODUCTS)
+    paired = make_intent_dataset(48, 24, seed=3, more_phrasings=True, two_requests=1.0)   # more second requests
+    assert paired["test"] == plain["test"] and paired["train"] != wide["train"]
     clean = make_intent_dataset(42, 6, seed=1, noise=0.0, more_phrasings=True)
     pieces = {intent: [(t, _pieces(t)) for t in ts] for intent, ts in MORE_PHRASINGS.items()}
     used = {t for text, label in zip(*clean["train"]) for t, ps in pieces[INTENTS[label]]
