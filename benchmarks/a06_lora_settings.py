@@ -10,15 +10,17 @@ is, one level down.
 
 Methods, all from the probe's head (LP-FT) with camplib.intents.classifier.fine_tune:
   --method recipe         camplib.intents.recipe.RECIPE as it stands (the lab's gpu profile uses
-                          it): the top 2 layers, mean pooling, +96 requests per intent, label
-                          smoothing, warmup, cosine; the other options are ignored;
+                          it): the top 2 layers, mean pooling, +192 training-side requests per
+                          intent (more_phrasings' wording, products and times, half of them with
+                          a second request), label smoothing, warmup, cosine; the other options
+                          are ignored (`--set KEY=JSON` replaces one of RECIPE's settings);
   --method full --top K   every weight of MiniLM's top K layers (the lower ones frozen: fine_tune
                           then runs them once per text, not per step);
   --method lora --top K   camplib.lora on `--targets` of the top K layers (K = 6: every layer).
 --pool attention learns where to look (camplib.intents.pooling) instead of the mean. --extra N adds
 N requests per intent drawn from the training side with another seed (new slot combinations and
 noise; no held-out wording). One JSON line per run: accuracy beside the brief's 0.90, the three
-weakest intents, wall and CPU seconds, load.
+weakest intents, the most confused pairs (true->predicted: count), wall and CPU seconds, load.
 
     .venv/bin/python benchmarks/a06_lora_settings.py --method recipe --threads 2            # validation
     .venv/bin/python benchmarks/a06_lora_settings.py --method recipe --threads 2 --val 0    # held-out, once

@@ -135,15 +135,13 @@ def fit_probe(clf: IntentClassifier, texts, labels, steps: int = 200, lr: float 
 
 def fine_tune(clf: IntentClassifier, texts, labels, steps: int, batch_size: int = 32, lr: float = 3e-4,
               head_lr: float = 3e-3, seed: int = 0, *, label_smoothing: float = 0.0, warmup: int = 0,
-              cosine: bool = False, cache_frozen: bool = True, rdrop: float = 0.0) -> list[float]:
+              cosine: bool = False, cache_frozen: bool = True) -> list[float]:
     """Train the encoder's parameters that require grad (LoRA's A and B after an injection, or
     all of them, or the top layers' only) at `lr` and the head at `head_lr`, on random batches;
     returns each step's loss. Call fit_probe first to start from the probe's head (LP-FT).
 
     `warmup` steps raise both learning rates linearly from 0, then they stay (or, with `cosine`,
     fall along half a cosine to 0 at the last step); `label_smoothing` as F.cross_entropy's.
-    `rdrop` > 0 (R-Drop, Liang et al. 2021) runs each batch twice, under two dropout masks, and
-    adds `rdrop` times the symmetric KL divergence of the two predictions to their mean loss.
     With `cache_frozen`, the embeddings and leading layers that have nothing to train run once
     per distinct text, in eval mode (without their dropout), and each step runs only the layers
     above them (`_FrozenBottom`): the same model, several times fewer operations per step when
@@ -163,13 +161,8 @@ def fine_tune(clf: IntentClassifier, texts, labels, steps: int, batch_size: int 
         for opt, base in zip(opts, (lr, head_lr)):
             opt.lr = base * factor
         pick = torch.randint(0, len(texts), (min(batch_size, len(texts)),), generator=gen)
-        target = y[pick.to(clf.device)]
-        runs = [bottom.logits(pick.tolist()) if bottom else clf([texts[i] for i in pick]) for _ in range(2 if rdrop else 1)]
-        loss = sum(F.cross_entropy(logits, target, label_smoothing=label_smoothing) for logits in runs) / len(runs)
-        if rdrop:
-            a, b = (logits.log_softmax(-1) for logits in runs)
-            loss = loss + rdrop * 0.5 * (F.kl_div(a, b, log_target=True, reduction="batchmean")
-                                         + F.kl_div(b, a, log_target=True, reduction="batchmean"))
+        logits = bottom.logits(pick.tolist()) if bottom else clf([texts[i] for i in pick])
+        loss = F.cross_entropy(logits, y[pick.to(clf.device)], label_smoothing=label_smoothing)
         for opt in opts:
             opt.zero_grad()
         loss.backward()
