@@ -10,15 +10,18 @@ is, one level down.
 
 Methods, all from the probe's head (LP-FT) with camplib.intents.classifier.fine_tune:
   --method recipe         camplib.intents.recipe.RECIPE as it stands (the lab's gpu profile uses
-                          it): the top 2 layers, mean pooling, +96 requests per intent, label
-                          smoothing, warmup, cosine; the other options are ignored;
+                          it): the top 2 layers, mean pooling, +192 training-side requests per
+                          intent (more_phrasings' wording, products and times, half of them with
+                          a second request), label smoothing, warmup, cosine; the other options
+                          are ignored (`--set KEY=JSON` replaces one of RECIPE's settings);
   --method full --top K   every weight of MiniLM's top K layers (the lower ones frozen: fine_tune
                           then runs them once per text, not per step);
   --method lora --top K   camplib.lora on `--targets` of the top K layers (K = 6: every layer).
 --pool attention learns where to look (camplib.intents.pooling) instead of the mean. --extra N adds
 N requests per intent drawn from the training side with another seed (new slot combinations and
 noise; no held-out wording). One JSON line per run: accuracy beside the brief's 0.90, the three
-weakest intents, wall and CPU seconds, load.
+weakest intents, accuracy on the messages carrying two requests (the first decides), the most confused
+pairs (true->predicted: count), wall and CPU seconds, load.
 
     .venv/bin/python benchmarks/a06_lora_settings.py --method recipe --threads 2            # validation
     .venv/bin/python benchmarks/a06_lora_settings.py --method recipe --threads 2 --val 0    # held-out, once
@@ -76,6 +79,30 @@ def validation_split():
          data_module._AFTER) = saved
 
 
+@contextlib.contextmanager
+def two_request_messages(found: set):
+    """While open, every request the data set draws with a second request (two fills of a
+    template) is added to `found`: the messages where the first request decides."""
+    fill, request, calls = data_module._fill, data_module._request, [0]
+
+    def counted_fill(*args, **kwargs):
+        calls[0] += 1
+        return fill(*args, **kwargs)
+
+    def noted_request(*args, **kwargs):
+        calls[0] = 0
+        text = request(*args, **kwargs)
+        if calls[0] == 2:
+            found.add(text)
+        return text
+
+    data_module._fill, data_module._request = counted_fill, noted_request
+    try:
+        yield found
+    finally:
+        data_module._fill, data_module._request = fill, request
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--val", type=int, default=1, help="1: validation carved from training; 0: the held-out split")
@@ -104,7 +131,8 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     start, cpu = time.perf_counter(), time.process_time()
     with validation_split() if a.val else contextlib.nullcontext():
-        d = data_module.make_intent_dataset(a.ntrain, a.ntest, seed=a.seed)
+        with two_request_messages(set()) as two:
+            d = data_module.make_intent_dataset(a.ntrain, a.ntest, seed=a.seed)
         (train_x, train_y), (test_x, test_y) = d["train"], d["test"]
         if a.method == "recipe":        # its training-side requests are drawn inside, in this split
             overrides = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in a.set)}
@@ -136,9 +164,16 @@ def main() -> None:
     res = report(clf, test_x, test_y)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     weakest = sorted(res["per_intent"].items(), key=lambda kv: kv[1])[:3]
+    names, confusion = d["intents"], res["confusion"]
+    right = [p == names[y] for (p, _), y in zip(res["predictions"], test_y)]
+    pairs = [r for r, text in zip(right, test_x) if text in two]
+    confused = sorted(((int(confusion[i, j]), f"{names[i]}->{names[j]}") for i in range(len(names))
+                       for j in range(len(names)) if i != j and confusion[i, j]), reverse=True)[:8]
     out = {"settings": settings, "seed": a.seed, "threads": a.threads, "split": "validation" if a.val else "held-out",
            "n_train": n_train, "n_test": len(test_x), "probe": probe, "accuracy": round(res["accuracy"], 3),
-           "brief": BRIEF, "weakest": {k: round(v, 2) for k, v in weakest}, "last_loss": round(losses[-1], 3),
+           "brief": BRIEF,
+           "two_requests": f"{sum(pairs) / max(1, len(pairs)):.3f} of {len(pairs)}", "weakest": {k: round(v, 2) for k, v in weakest},
+           "confused": {pair: n for n, pair in confused}, "last_loss": round(losses[-1], 3),
            "train_s": round(time.perf_counter() - tuned, 1), "wall_s": round(time.perf_counter() - start, 1),
            "cpu_s": round(time.process_time() - cpu, 1), "user_sys_s": round(usage.ru_utime + usage.ru_stime, 1),
            "load": round(os.getloadavg()[0], 1)}

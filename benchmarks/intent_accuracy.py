@@ -12,9 +12,10 @@ Settings (lr 3e-4 for LoRA, 3e-3 for the head, r = 8 on query/value) were chosen
 split carved from the training phrasings (benchmarks/a06_lora_settings.py), never on held-out labels.
 
 --method recipe trains camplib.intents.recipe's classifier instead of LoRA (the top 2 layers'
-weights, mean pooling, 96 more training-side requests per intent worded with the data set's and
-camplib.intents.more_phrasings' training phrasings, label smoothing, warmup, cosine; chosen on the
-validation split, benchmarks/a06_lora_settings.py); the held-out split is the profile's, unchanged:
+weights, mean pooling, 192 more training-side requests per intent worded with the data set's and
+camplib.intents.more_phrasings' training phrasings, products and times, half of them carrying a
+second request, label smoothing, warmup, cosine; chosen on the validation split,
+benchmarks/a06_lora_settings.py); the held-out split is the profile's, unchanged:
 
     .venv/bin/python benchmarks/intent_accuracy.py --method recipe --threads 2
 """

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 import re
 
-from camplib.intents.more_phrasings import MORE_PHRASINGS
+from camplib.intents.more_phrasings import MORE_PHRASINGS, MORE_PRODUCTS, MORE_WHEN
 from camplib.intents.templates import TEMPLATES
 
 __all__ = ["INTENTS", "make_intent_dataset", "phrasings", "products", "add_noise"]
@@ -93,18 +93,21 @@ def add_noise(text: str, rng: random.Random) -> str:
     return text[:1].upper() + text[1:] if roll < 0.7 else text
 
 
-def _fill(template: str, rng: random.Random, held_out: bool) -> str:
+def _fill(template: str, rng: random.Random, held_out: bool, more: bool = False) -> str:
     pick = 1 if held_out else 0
-    return template.format(product=rng.choice(_PRODUCTS[pick]), when=rng.choice(_WHEN[pick]),
+    wide = more and not held_out                               # more_phrasings' products and times: training only
+    return template.format(product=rng.choice(_PRODUCTS[pick] + (MORE_PRODUCTS if wide else [])),
+                           when=rng.choice(_WHEN[pick] + (MORE_WHEN if wide else [])),
                            order=f"#{rng.randrange(10000, 99999)}")
 
 
-def _request(intent: str, template: str, rng: random.Random, held_out: bool, noise: float) -> str:
-    text = _fill(template, rng, held_out)
+def _request(intent: str, template: str, rng: random.Random, held_out: bool, noise: float, more: bool = False,
+             two: float = 0.3) -> str:
+    text = _fill(template, rng, held_out, more)
     if rng.random() < noise:
-        if rng.random() < 0.3:                                 # two requests: the first decides
+        if rng.random() < two:                                 # two requests: the first decides
             other = rng.choice([i for i in INTENTS if i != intent])
-            text += rng.choice(_JOIN) + _fill(rng.choice(phrasings(other, held_out)), rng, held_out)
+            text += rng.choice(_JOIN) + _fill(rng.choice(phrasings(other, held_out, more)), rng, held_out, more)
         if rng.random() < 0.3:
             text = rng.choice(_split(_BEFORE, held_out)) + text
         if rng.random() < 0.3:
@@ -117,26 +120,30 @@ def _request(intent: str, template: str, rng: random.Random, held_out: bool, noi
 
 
 def make_intent_dataset(n_train_per_intent: int = 40, n_test_per_intent: int = 20, seed: int = 0,
-                        noise: float = 0.5, more_phrasings: bool = False) -> dict:
+                        noise: float = 0.5, more_phrasings: bool = False, two_requests: float = 0.3) -> dict:
     """{"train": (texts, labels), "test": (texts, labels), "intents": names}; labels are
     indices into `intents`. A fraction `noise` of the requests get real users' noise (module
     docstring). Deterministic for a given seed; train and test share no phrasing, slot value or
     extra clause. Each split cycles through its phrasings, so n_train_per_intent >= 18 uses every
     training phrasing and n_test_per_intent >= 6 every held-out one. `more_phrasings` draws the
-    training requests from camplib.intents.more_phrasings' 24 per intent as well (42 phrasings);
-    the held-out requests are those of `more_phrasings=False`, request for request."""
+    training requests from camplib.intents.more_phrasings' 48 per intent as well (66 phrasings, and
+    its products and times);
+    the held-out requests are those of `more_phrasings=False`, request for request.
+    `two_requests`: the probability that a noisy request carries a second request (0.3: 15% of
+    all requests at noise 0.5); a training set may ask for more, the held-out split keeps 0.3."""
     if n_train_per_intent < 1 or n_test_per_intent < 0:
         raise ValueError(f"need n_train_per_intent >= 1 and n_test_per_intent >= 0, "
                          f"got {n_train_per_intent}, {n_test_per_intent}")
-    if not 0.0 <= noise <= 1.0:
-        raise ValueError(f"noise is a probability, got {noise}")
+    if not (0.0 <= noise <= 1.0 and 0.0 <= two_requests <= 1.0):
+        raise ValueError(f"noise and two_requests are probabilities, got {noise}, {two_requests}")
     out = _draw(n_train_per_intent, n_test_per_intent, seed, noise, False)
-    if more_phrasings:                                         # the same held-out split, a wider training side
-        out["train"] = _draw(n_train_per_intent, 0, seed, noise, True)["train"]
+    if more_phrasings or two_requests != 0.3:                  # the same held-out split, a wider training side
+        out["train"] = _draw(n_train_per_intent, 0, seed, noise, more_phrasings, two_requests)["train"]
     return out
 
 
-def _draw(n_train_per_intent: int, n_test_per_intent: int, seed: int, noise: float, more: bool) -> dict:
+def _draw(n_train_per_intent: int, n_test_per_intent: int, seed: int, noise: float, more: bool,
+          two: float = 0.3) -> dict:
     rng = random.Random(seed)
     splits = {"train": ([], []), "test": ([], [])}
     for label, intent in enumerate(INTENTS):
@@ -145,7 +152,8 @@ def _draw(n_train_per_intent: int, n_test_per_intent: int, seed: int, noise: flo
             pool = phrasings(intent, held_out, more)
             start = rng.randrange(len(pool))                   # small sizes do not always get the first ones
             for k in range(n):
-                splits[split][0].append(_request(intent, pool[(start + k) % len(pool)], rng, held_out, noise))
+                splits[split][0].append(_request(intent, pool[(start + k) % len(pool)], rng, held_out, noise, more,
+                                                   two if split == "train" else 0.3))
                 splits[split][1].append(label)
     for texts, labels in splits.values():                     # shuffle each split, pairs together
         order = list(range(len(texts)))

@@ -1,15 +1,26 @@
-"""More training phrasings for camplib.intents: 24 per intent, written by the project, used on the
-TRAINING side only (`make_intent_dataset(..., more_phrasings=True)`, a06's recipe). The held-out
-split is not touched: it keeps its 6 phrasings per intent (templates.py, every fourth), its
-products, times and clauses, and the same requests for the same seed.
+"""More training phrasings for camplib.intents: 48 per intent, written by the project, used on the
+TRAINING side only (`make_intent_dataset(..., more_phrasings=True)`, a06's recipe), with 20 more
+products and 8 more times to fill them. The held-out split is not touched: it keeps its 6 phrasings
+per intent (templates.py, every fourth), its products, times and clauses, and the same requests for
+the same seed.
 
 Written to widen the training wording the way people write to a shop: terse ("refund pls"),
 indirect ("the thing I bought doesn't work, I'd rather have the cash"), in other registers and
 other orders of words. tests/camplib/test_intents.py checks that none of them is a held-out
 phrasing or a near copy of one (of any intent), and that none names a held-out product or time.
-Same slots as templates.py: {product}, {order}, {when}.
+Same slots as templates.py: {product}, {order}, {when}. The second 24 of each intent (plainer,
+shorter requests, several as people type them in a hurry) were written when a06's validation split
+showed promo codes read as account access ("the code ... is invalid") and damaged items as other
+intents; the held-out split was not looked at to write them.
 """
 from __future__ import annotations
+
+# more slot values for those requests, training side only (none is a held-out product or time)
+MORE_PRODUCTS: list[str] = ["hoodie", "suitcase", "microwave", "keyboard", "tablet", "speaker", "mattress",
+                            "frying pan", "office chair", "hair dryer", "board game", "yoga mat", "dining table",
+                            "perfume", "drill", "baby stroller", "rug", "smart TV", "dress", "gaming mouse"]
+MORE_WHEN: list[str] = ["last night", "on Sunday", "a few days ago", "earlier today", "on Thursday",
+                        "at the start of the month", "before Christmas", "ten days ago"]
 
 MORE_PHRASINGS: dict[str, list[str]] = {
     "refund": [
@@ -25,6 +36,20 @@ MORE_PHRASINGS: dict[str, list[str]] = {
         "a voucher is no good to me, refund the cash", "the {product} went back to you, so where is the credit",
         "how many days until I see the refund", "return the money for order {order} to my bank account",
         "the refund amount is less than what I paid for the {product}", "I'd like my payment returned",
+        # the second 24 (2026-12-05)
+        "I returned it, now I want my money", "hi, the {product} went back {when}, when do I see the money",
+        "money still not back in my account for order {order}",
+        "I'd like to return the {product} for a full refund", "refund status?",
+        "what happened to my refund request", "you promised a refund, where is it",
+        "I cancelled order {order} and need the money back", "give me back what I paid", "want refund",
+        "the {product} is useless, I just want my money returned",
+        "can I be refunded for the delivery fee too", "please reverse the charge, I sent the {product} back",
+        "I have not been reimbursed for the {product}", "I'd prefer a refund over an exchange",
+        "the refund hasn't hit my bank yet", "the return was accepted but the refund never showed up",
+        "credit my card for order {order}", "my money for the returned {product} is missing",
+        "I want to return this and get paid back", "are postage costs paid back as well",
+        "money back on {order}", "why is my refund taking so long",
+        "I'm still waiting to be paid back for the {product}",
     ],
     "track_order": [
         "wheres my stuff", "order {order} status?", "track {order}", "when do I get my {product}",
@@ -38,6 +63,16 @@ MORE_PHRASINGS: dict[str, list[str]] = {
         "is my shipment delayed", "when should I expect my order",
         "the delivery window for the {product} passed", "package tracking says nothing",
         "the app shows order {order} as processing for ages",
+        # the second 24 (2026-12-05)
+        "where is it", "tracking?", "my parcel is late, where is it", "any news on order {order}",
+        "the {product} was supposed to arrive {when}", "how do I track my order", "arrival date for {order}?",
+        "a whole week now and no {product}", "could you tell me where my package is",
+        "is order {order} on the way", "the tracking page hasn't updated since {when}",
+        "I want to know when my parcel will be delivered", "did the {product} ship", "delivery status please",
+        "order {order} not received yet", "is there a delay with my delivery", "no sign of the {product} yet",
+        "the courier website says nothing about my parcel", "do you have a tracking link for order {order}",
+        "I ordered {when} and nothing has come", "what time will the driver come with my {product}",
+        "has my order been dispatched", "still no package", "can you find out where order {order} is",
     ],
     "cancel_order": [
         "cancel {order}", "cancel it please", "cancellation please", "stop {order} from going out",
@@ -51,6 +86,18 @@ MORE_PHRASINGS: dict[str, list[str]] = {
         "is cancelling free", "the {product} from {when} should be cancelled",
         "can an order still be cancelled once paid", "please cancel and don't charge me for order {order}",
         "I wish to cancel my recent order", "abort the {product} order",
+        # the second 24 (2026-12-05)
+        "please cancel", "cancel order", "changed my mind, scrap it", "stop my order",
+        "I don't want order {order} any more", "can you cancel the {product} I ordered {when}",
+        "cancel my purchase please", "I'd like to cancel order {order} before it ships",
+        "please stop the shipment, I no longer want the {product}", "I need to cancel an order I just placed",
+        "can {order} still be called off today", "cancel the whole order",
+        "please don't ship my order, cancel it", "wrong {product} ordered, cancel that one",
+        "how do I cancel order {order} online", "cancel the order I made {when} please",
+        "i want to cancel my order", "order {order} was a mistake, please cancel",
+        "I would like to cancel my {product} order", "can my order still be stopped",
+        "the order for the {product} should not go ahead", "annul order {order}",
+        "please cancel the second order I placed", "take my {product} order off",
     ],
     "change_address": [
         "wrong address", "new address please", "change delivery address for {order}",
@@ -65,6 +112,19 @@ MORE_PHRASINGS: dict[str, list[str]] = {
         "change the delivery location of order {order}", "can you amend the address, I put the wrong one",
         "I left out the apartment number", "modify my delivery address",
         "deliver order {order} to a locker near me",
+        # the second 24 (2026-12-05)
+        "change my address", "update address", "I need to update the address on order {order}",
+        "the {product} will end up at my old flat", "can you change the shipping address",
+        "I moved {when}, my orders should go to the new place",
+        "please change the delivery address for my {product}", "address is wrong on my order",
+        "can I change the address on order {order} before it ships", "misspelled my street when ordering",
+        "my new address is different, please update order {order}",
+        "ship the {product} to another address please", "I want to change the shipping address",
+        "I relocated, fix the shipping info for the {product}", "the flat number is missing from my address",
+        "can you send order {order} to my office instead of home", "deliver to a different address",
+        "I need my parcel sent to a new address", "{order} shows the house I left {when}",
+        "can I have the {product} delivered somewhere else", "please update my postcode",
+        "wrong postcode on order {order}", "the address on my account is outdated", "change delivery address",
     ],
     "payment_problem": [
         "payment declined", "double charged", "card not accepted", "my payment won't go through",
@@ -78,6 +138,18 @@ MORE_PHRASINGS: dict[str, list[str]] = {
         "why did you charge me twice", "google pay won't let me finish the order",
         "the bank transfer for order {order} hasn't been recognised", "an extra fee appeared on my card",
         "my card got charged for the {product} but I never got a confirmation", "can't pay",
+        # the second 24 (2026-12-05)
+        "my payment didn't work", "payment failed", "I can't pay for the {product}",
+        "card declined at checkout", "you charged me twice for order {order}",
+        "I was charged but the order didn't go through", "my credit card keeps getting rejected",
+        "there's a charge on my card I don't recognise", "paying with PayPal doesn't work",
+        "the payment for the {product} won't go through", "why was I charged {when}", "I got billed twice",
+        "my payment was taken but no order confirmation", "the checkout says payment error",
+        "money gone but {order} shows awaiting payment", "my card was charged the wrong amount",
+        "problem paying for my order", "funds debited yet checkout crashed",
+        "apple pay is not working at checkout", "i cant pay", "my bank says you charged me three times",
+        "the payment page gives an error for order {order}", "I was overcharged for the {product}",
+        "card payment not going through",
     ],
     "account_access": [
         "cant login", "password reset", "locked out", "login problem", "I can't get into my account",
@@ -91,6 +163,15 @@ MORE_PHRASINGS: dict[str, list[str]] = {
         "I've forgotten my login details", "please unlock my profile",
         "I can't log in to check order {order}", "my email address is wrong so I can't log in",
         "the captcha won't let me sign in",
+        # the second 24 (2026-12-05)
+        "sign-in impossible", "login not working", "forgot password", "I can't access my account",
+        "my password won't work", "the reset password link doesn't work", "how do I log into my account",
+        "account frozen", "I don't get the verification code", "can't log in to the app",
+        "reset my login please", "I'm unable to log in since {when}", "somebody broke into my profile",
+        "I forgot my username", "my login keeps failing", "how do I reset my password",
+        "the website won't let me log in", "let me back into my profile please", "account locked, help",
+        "i cant log in", "I can't get into my profile", "why is my profile deactivated", "login error",
+        "the sign in page keeps failing",
     ],
     "product_info": [
         "specs of the {product}?", "{product} dimensions", "got the {product} in red?",
@@ -104,6 +185,18 @@ MORE_PHRASINGS: dict[str, list[str]] = {
         "is the {product} new or refurbished", "how many colours of the {product} do you have",
         "is the {product} easy to carry", "what's the capacity of the {product}",
         "does the {product} come with instructions", "how loud is the {product}",
+        # the second 24 (2026-12-05)
+        "does the {product} come in other colours", "how big is the {product} exactly",
+        "is the {product} available", "I have a question about the {product}", "details on the {product}?",
+        "what is the {product} like", "is the {product} any good", "can kids use the {product} safely",
+        "does the {product} have a guarantee", "how long is the guarantee on the {product}",
+        "what is the {product} made out of", "restock date for the {product}?",
+        "the {product} is out of stock, will you get more", "is the {product} sold out",
+        "what size should I get for the {product}", "how much is the {product}",
+        "what is the price of the {product}", "does the {product} come with a cable",
+        "what's included with the {product}", "info on the {product} please",
+        "can the {product} be used outside", "does the {product} exist in XL",
+        "what features does the {product} have", "what are the specs of the {product}",
     ],
     "human_agent": [
         "human please", "agent", "real person", "talk to someone", "let me speak to customer service",
@@ -116,6 +209,15 @@ MORE_PHRASINGS: dict[str, list[str]] = {
         "get a real employee on the line", "is there a hotline I can call",
         "I'd rather talk to an agent than type", "send my case to a human",
         "can I speak to someone in charge of complaints", "call me please, I need help from a person",
+        # the second 24 (2026-12-05)
+        "need a human", "speak to someone", "can I talk to a real person", "agent please",
+        "hand me over to your staff", "can I chat to staff", "I want to call you", "phone number?",
+        "how do I contact customer service", "can someone from your team call me",
+        "let me talk to an agent about order {order}", "I don't want a bot", "talk to a human",
+        "is there a person I can speak to", "customer service please", "get me someone who can help",
+        "I want to speak to a supervisor", "transfer me to an agent", "can I email a person",
+        "I need a human for the {product} problem", "how do I reach support", "contact a person",
+        "representative", "I'd like to speak to someone in person",
     ],
     "exchange_item": [
         "exchange", "swap size", "can I exchange it", "I want another size",
@@ -129,6 +231,18 @@ MORE_PHRASINGS: dict[str, list[str]] = {
         "I'd like a different version of the {product} instead of this one", "exchange for size large",
         "I'd like to switch to the white {product}", "change my item for another size",
         "I want to exchange my {product} for one that fits", "exchange order {order} please, too small",
+        # the second 24 (2026-12-05)
+        "can I exchange the {product}", "I want to exchange my order", "exchange for another size",
+        "I need a different size", "the {product} doesn't fit, can I exchange it",
+        "wrong size, exchange please", "I'd like to swap it for a different colour",
+        "can I change the {product} for another one", "{order}: different colour please, same item",
+        "the {product} is too large, I need a smaller size", "send the {product} back for one that fits",
+        "I want a replacement in another size", "steps to swap the {product}?",
+        "can I swap the {product} I got {when}", "exchange policy?",
+        "the {product} is not the colour I wanted, swap it", "can I trade it in for a bigger size",
+        "please exchange my {product} for size small", "I want to exchange a present",
+        "i want to swap my {product}", "the jacket size is wrong, can I change it", "change size please",
+        "can I get the {product} in medium instead", "I need to exchange order {order}",
     ],
     "damaged_item": [
         "broken on arrival", "damaged {product}", "not my item in the box", "item missing from my parcel",
@@ -142,6 +256,17 @@ MORE_PHRASINGS: dict[str, list[str]] = {
         "my delivery had the wrong colour", "the {product} arrived with a dead battery and won't charge",
         "the {product} I got has a hole in it", "half of order {order} is damaged",
         "the {product} is defective out of the box",
+        # the second 24 (2026-12-05)
+        "it arrived broken", "the {product} arrived snapped in half", "my {product} is damaged",
+        "damaged item", "the {product} I received is damaged", "item arrived damaged",
+        "order {order} arrived broken", "the {product} doesn't work",
+        "the {product} stopped working after one day", "there's a crack in the {product}",
+        "the {product} was delivered damaged", "I received a broken {product}", "my parcel was damaged",
+        "something is broken in order {order}", "scratches all over the new {product}",
+        "the {product} is faulty out of the box", "parts are missing from the {product}",
+        "this isn't what I ordered, the item is different", "manufacturing fault on the {product}",
+        "the box came smashed", "my order {order} has a missing part", "received wrong product",
+        "the {product} arrived in bad condition", "it came damaged, what now",
     ],
     "promo_code": [
         "promo code", "coupon not working", "discount not applied", "my voucher code is invalid",
@@ -155,6 +280,17 @@ MORE_PHRASINGS: dict[str, list[str]] = {
         "order {order} should have had 10% off", "the promo says 15% but I got less",
         "is there a code for free delivery", "my birthday discount isn't working",
         "the discount code was valid {when} but not now",
+        # the second 24 (2026-12-05)
+        "my code doesn't work", "discount code not working", "coupon code?", "the promo code is invalid",
+        "my discount wasn't applied to order {order}", "do you have any promo codes", "voucher not working",
+        "where do I enter my discount code", "the coupon didn't work on the {product}",
+        "can I use a promo code", "I have a discount code but it won't apply",
+        "the {product} was on sale but I paid full price", "my voucher was not accepted",
+        "the discount is missing from my order", "any money off the {product} with a code",
+        "how do I use my coupon", "promo not applied", "the code says expired",
+        "I forgot to use my discount code", "add my coupon to {order} retroactively",
+        "the sale discount didn't show up", "any coupons available", "why doesn't my promo code work",
+        "discount code error at checkout",
     ],
     "invoice_request": [
         "invoice please", "receipt", "a receipt please", "invoice {order}?",
@@ -167,5 +303,15 @@ MORE_PHRASINGS: dict[str, list[str]] = {
         "can I get a tax invoice", "the warranty needs a receipt, can you send one",
         "my invoice didn't come with the parcel", "please resend the invoice",
         "I want a paper invoice for order {order}", "request an invoice",
+        # the second 24 (2026-12-05)
+        "I need an invoice", "send me the invoice", "can I get a receipt",
+        "where is the receipt for order {order}", "billing statement for the {product}",
+        "duplicate receipt please", "can you email me an invoice", "my employer wants an invoice",
+        "the invoice is wrong", "how do I get a receipt for order {order}", "please send me a receipt",
+        "I didn't receive an invoice", "can I have an invoice with VAT", "invoice needed for order {order}",
+        "the invoice for the {product} isn't in my account", "receipt needed", "send receipt",
+        "bill for my order?", "can you send the invoice again", "my invoice is missing",
+        "receipt for what I bought {when}", "the invoice has a wrong address", "receipt for order {order}?",
+        "invoice copy please",
     ],
 }
