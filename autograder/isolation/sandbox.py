@@ -428,6 +428,28 @@ class Sandbox:
             raise StudentCrashed("the student's process is not running")
         return loopback_sent(os.pread(self._net_dev, 1 << 16, 0).decode())
 
+    def resident_bytes(self) -> int:
+        """Memory the sandbox holds now, read from outside: the resident data of every process in
+        it (anonymous and shared pages, camplib.dist.separate.resident_bytes) and what its writable
+        tmpfs holds (bwrap), where the student's files are. A process keeps its data in one or the
+        other (or in kernel buffers: pipes, sockets), and cannot make the kernel count less."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise StudentCrashed("the student's process is not running")
+        from camplib.dist.separate import resident_bytes
+        held, todo, innermost = 0, [self.proc.pid], self.proc.pid
+        while todo:
+            pid = todo.pop()
+            try:
+                held += resident_bytes(pid)
+            except (OSError, IndexError, ValueError):
+                continue   # gone meanwhile
+            innermost = pid
+            todo += _children(pid)
+        if self.isolation != "none":
+            disk = os.statvfs(f"/proc/{innermost}/root{WORK}")   # a mount point of the one tmpfs
+            held += (disk.f_blocks - disk.f_bfree) * disk.f_frsize
+        return held
+
     def close(self) -> None:
         """Kill the student's process and everything it started; remove its cgroup."""
         for fd in (self._net_dev, self._net_ns):

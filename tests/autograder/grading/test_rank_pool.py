@@ -47,6 +47,16 @@ def plant(port):
     return os.getpid()
 
 
+def hold(nbytes, where):
+    """Keep `nbytes` in this process's memory, or in a file on its tmpfs."""
+    if where == "memory":
+        _kept.append(torch.ones(nbytes // 4))
+    else:
+        with open(f"{where}/held", "wb") as f:
+            for _ in range(nbytes >> 20):   # by the MiB: nothing big passes through its memory
+                f.write(b"x" * (1 << 20))
+
+
 def look_and_send(port, nbytes):
     """What this process sees of the other's, and `nbytes` sent to it over the loopback network."""
     seen = {folder: os.path.exists(f"{folder}/secret") for folder in ("/tmp", "/dev/shm")}
@@ -159,12 +169,22 @@ def test_the_pool_runs_each_rank_on_its_own_input_in_its_own_sandbox(main):
     assert wire.sent >= 3 * 2 * 24
 
 
+@pytest.mark.slow   # with the module's sandbox: ~1 s
+@needs_sandbox
+def test_the_grader_measures_what_a_sandbox_holds_in_memory_and_in_its_files(main):
+    for where in ("memory", "/dev/shm", "/tmp"):
+        before = main.sandbox.resident_bytes()
+        RemoteObject(main.session, "hold", "hold")(12 << 20, where)   # a file: under the 16 MiB limit
+        assert 12 << 20 <= main.sandbox.resident_bytes() - before < 16 << 20, where
+
+
 def test_in_a_notebook_the_same_call_forks_the_ranks():
     namespace = {}
     exec(STUDENT_CODE, namespace)
     out = checks.separate_ranks("camplib.dist.harness.collective_rank", namespace["ring_sum"],
                                 [torch.ones(2), 2 * torch.ones(2)])
     assert [o.tolist() for o in out["outputs"]] == [[3.0, 3.0]] * 2 and out["bytes_sent"] == [8, 8]
+    assert out["resident_bytes"] == [[], []]   # collective_rank never pauses
 
 
 def test_a_head_start_that_cannot_start_leaves_the_ranks_to_the_test(tmp_path):
