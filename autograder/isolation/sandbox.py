@@ -262,7 +262,8 @@ class Sandbox:
     `net_of`: a started sandbox whose network namespace this one joins, sharing nothing else
     (its own files, /tmp, /dev/shm, IPC, PID namespace and leased uid): the ranks the grader
     starts for a distributed test (autograder.grading.rank_pool) talk over that loopback network
-    only (no Unix sockets, whose abstract names the namespace shares: autograder.isolation.seccomp),
+    only (IPv4 and IPv6 sockets: the namespace also names abstract Unix sockets and netlink ports,
+    autograder.isolation.seccomp),
     and its count (`loopback_bytes`) includes them."""
 
     def __init__(self, staging: Path, *, isolation: str, uid: int | None = None, limits: Limits = Limits(),
@@ -373,7 +374,7 @@ class Sandbox:
             if self.net_of._net_ns is None:
                 raise StudentCrashed("the sandbox whose network this one joins is not running")
             net_ns = self.net_of._net_ns
-        seccomp_fd = _seccomp_pipe(unix_sockets=self.net_of is None)   # a rank: no Unix sockets (seccomp says why)
+        seccomp_fd = _seccomp_pipe(unix_sockets=self.net_of is None)   # a rank: IPv4, IPv6 and netlink route sockets only (seccomp says why)
         try:
             self.proc = subprocess.Popen(self.command(seccomp_fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=log_fd, cwd="/", env=sandbox_env(Path(WORK), Path("/tmp"), self.threads),
@@ -444,7 +445,7 @@ class Sandbox:
             except (OSError, IndexError, ValueError):
                 continue   # gone meanwhile
             innermost = pid
-            todo += _children(pid)
+            todo += _children_of(pid)
         if self.isolation != "none":
             disk = os.statvfs(f"/proc/{innermost}/root{WORK}")   # a mount point of the one tmpfs
             held += (disk.f_blocks - disk.f_bfree) * disk.f_frsize
