@@ -523,6 +523,19 @@ def _enter(net_ns: int | None, budget) -> None:
         budget.join_self()
 
 
+def _children_of(pid: int) -> list[int]:
+    """`pid`'s children, from the kernel's list of each of its threads' children (fast), or from a
+    scan of /proc where the kernel keeps none (`_children`)."""
+    try:
+        found = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(child) for child in f.read().split()]
+        return found
+    except FileNotFoundError:
+        return _children(pid) if os.path.exists(f"/proc/{pid}") else []
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):

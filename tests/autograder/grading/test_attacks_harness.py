@@ -505,9 +505,11 @@ def _after_setup(nb, source):
 
 def _graded(tmp, catalog, lab, forbid):
     """The fakes graded; the reference too where nothing is forbidden (with the lab's forbidden list
-    it is tests/course/test_labs.py's full marks). a05: the fake in a cell only."""
+    it is tests/course/test_labs.py's full marks). a05: the fake in a cell only. a02: not the reference
+    but the same notebook with its two ZeRO exercises kept whole (its other tests: the reference's full
+    marks; the reference's own, memory checks included, are test_labs')."""
     subs, out = tmp / "submissions", tmp / "workspace"
-    if not forbid:
+    if not forbid and lab != "a02":
         write_submission(subs, "ada", lab, student_notebook(lab))
     fakes = {"a03": FAKES_A03, "a04": FAKES_A04, "a05": FAKES_A05}.get(lab, FAKES)
     write_submission(subs, "fake_in_cell", lab, _after_setup(student_notebook(lab, solve=False), fakes))
@@ -602,11 +604,11 @@ def test_rings_built_on_all_reduce_score_nothing_whatever_the_ranks_count(graded
 def test_zero_state_kept_whole_on_every_rank_loses_exactly_the_two_zero_tests(graded):
     """a02's optimizer state (ZeRO-1) and gradients (ZeRO-2) kept whole on every rank, out of the
     optimizer object's reach: right numbers, right traffic, the memory of a rank measured by the
-    grader gives it away (the reference's full marks: the test above, same grading run)."""
+    grader gives it away (the reference's full marks, the same memory checks passed: test_labs)."""
     rows, details = graded("a02", False)
     scored = {t["grade_id"]: (t["score"], t["message"]) for t in details["whole_state"]["tests"]}
     assert sorted(g for g, (score, _) in scored.items() if score == 0) == ["test_zero1", "test_zero2_grads"], scored
-    assert rows["whole_state"].score == rows["whole_state"].max_score - 6, scored
+    assert rows["whole_state"].score == rows["whole_state"].max_score - 6, scored   # the rest: full marks
     assert "memory rank 0 keeps between steps" in scored["test_zero1"][1], scored
     assert "Shard the optimizer state" in scored["test_zero1"][1], scored
     assert "memory rank 0 holds after reduce_scatter_gradients" in scored["test_zero2_grads"][1], scored
