@@ -112,8 +112,12 @@ class RankPool:
         errors = _side_by_side([one(r) for r in range(n)], every=True)
         held: list[list[int]] = [[] for _ in range(n)]
         while not any(errors) and all(reply == {"paused": True} for reply in replies) and len(held[0]) < MAX_PAUSES:
-            for r in range(n):   # every rank waits for the next request: what it holds now, it keeps
-                held[r].append(self.ranks[r].sandbox.resident_bytes())
+            try:
+                for r in range(n):   # every rank waits for the next request: what it holds now, it keeps
+                    held[r].append(self.ranks[r].sandbox.resident_bytes())
+            except (StudentCrashed, OSError) as exc:
+                errors = [StudentError(f"its memory could not be measured: {exc}") if i == r else None for i in range(n)]
+                break
 
             def going(r: int):
                 def call():
