@@ -78,11 +78,11 @@ def _own_rows(data: dict, rank: int, world_size: int) -> dict:
     return {k: torch.stack([batch.chunk(world_size)[rank] for batch in data[k]]) for k in ("x", "y")}
 
 
-def _train(rank, world_size, model, opt, model_spec, data, steps, record_history, own_rows=False):
+def _train(rank, world_size, model, opt, model_spec, data, steps, record_history, own_rows=False, pause=False):
     """The training loop on one rank: per step zero_grad (the optimizer's, else the model's),
     forward, backward, step(), with the bytes sent and the calls made in them counted. `own_rows`:
-    `data` holds this rank's rows only (`_own_rows`), else every rank's. A generator that pauses
-    after every step and returns the dict (`_drained` runs it through)."""
+    `data` holds this rank's rows only (`_own_rows`), else every rank's. A generator returning the
+    dict (`_drained` runs it through), which pauses after every step if asked (`pause`)."""
     device = next(model.parameters()).device
     out = {"losses": [], "bytes_per_step": [], "calls_per_step": [], "history": []}
     for s in range(steps):
@@ -99,7 +99,8 @@ def _train(rank, world_size, model, opt, model_spec, data, steps, record_history
         out["losses"].append(_global_loss(loss, world_size))
         if record_history:
             out["history"].append(_params(model, opt))
-        yield
+        if pause:
+            yield
     return out
 
 
@@ -189,12 +190,14 @@ def _warm_up() -> None:
 
 
 def _optimizer_run(rank, world_size, optimizer_cls, model_spec, data, steps, hyper, average_gradients,
-                   record_history, own_rows=False):
-    """`_optimizer_rank` as a generator pausing (camplib.dist.separate) once the model is built,
-    before the optimizer is, and after every step: what a rank keeps between steps can be measured."""
+                   record_history, own_rows=False, pause=False):
+    """`_optimizer_rank` as a generator; with `pause`, it pauses (camplib.dist.separate) once the
+    model is built, before the optimizer is, and after every step: what a rank keeps between steps
+    can be measured."""
     model = build_model(model_spec)
-    _warm_up()
-    yield
+    if pause:
+        _warm_up()
+        yield
     opt = optimizer_cls(model.parameters(), **hyper)
     if average_gradients:          # what DDP would do around an optimizer that expects averaged grads
         def average(param):
@@ -202,7 +205,7 @@ def _optimizer_run(rank, world_size, optimizer_cls, model_spec, data, steps, hyp
             param.grad.div_(world_size)
         for p in model.parameters():
             p.register_post_accumulate_grad_hook(average)
-    out = yield from _train(rank, world_size, model, opt, model_spec, data, steps, record_history, own_rows)
+    out = yield from _train(rank, world_size, model, opt, model_spec, data, steps, record_history, own_rows, pause)
     out["grad_bytes_held"] = tensor_bytes(p.grad for p in model.parameters())
     model_tensors = [t for p in model.parameters() for t in (p, p.grad)]
     out["state_bytes_held"] = reachable_tensor_bytes(opt, exclude=model_tensors)
@@ -225,47 +228,53 @@ def train_optimizer_on_ranks(optimizer_cls, world_size: int, model_spec: dict, d
 
 
 def optimizer_inputs(world_size: int, model_spec: dict, data: dict, steps: int, hyper: dict | None = None,
-                     average_gradients: bool = False, record_history: bool = False, timeout: float = 120.0
-                     ) -> list[dict]:
+                     average_gradients: bool = False, record_history: bool = False, timeout: float = 120.0,
+                     pause: bool = False) -> list[dict]:
     """What `optimizer_rank` gets on each rank for `train_optimizer_on_ranks`' run: the spec and
-    the rank's own rows of every batch, nothing of another rank's rows."""
+    the rank's own rows of every batch, nothing of another rank's rows. `pause`: the ranks pause
+    before the optimizer exists and after every step (what they hold there is measured)."""
     return [{"spec": dict(model_spec), "data": _own_rows(data, rank, world_size), "steps": steps,
-             "hyper": dict(hyper or {}), "average_gradients": average_gradients, "record_history": record_history}
-            for rank in range(world_size)]
+             "hyper": dict(hyper or {}), "average_gradients": average_gradients, "record_history": record_history,
+             "pause": pause} for rank in range(world_size)]
 
 
 def optimizer_rank(rank: int, world_size: int, optimizer_cls, mine: dict):
     """One rank of `train_optimizer_on_ranks` holding only its `optimizer_inputs`: what
-    autograder.checks.separate_ranks hands each rank. It pauses once the model is built (before
-    the optimizer is) and after every step, where separate_ranks measures what the rank holds
-    ("resident_bytes"): ZeRO-1's optimizer keeps the state of its shard only."""
+    autograder.checks.separate_ranks hands each rank. Asked to (`optimizer_inputs(pause=True)`) it
+    pauses once the model is built (before the optimizer is) and after every step, where
+    separate_ranks measures what the rank holds ("resident_bytes"): ZeRO-1's optimizer keeps the
+    state of its shard only."""
     return (yield from _optimizer_run(rank, world_size, optimizer_cls, mine["spec"], mine["data"], mine["steps"],
-                                      mine["hyper"], mine["average_gradients"], mine["record_history"], own_rows=True))
+                                      mine["hyper"], mine["average_gradients"], mine["record_history"], own_rows=True,
+                                      pause=mine.get("pause", False)))
 
 
 def _shard_rank(rank, world_size, fn, model_spec, data):
     return _drained(shard_rank(rank, world_size, fn, {"spec": model_spec, "data": _own_rows(data, rank, world_size)}))
 
 
-def shard_inputs(world_size: int, model_spec: dict, data: dict) -> list[dict]:
-    """What `shard_rank` gets on each rank: the spec and the rank's own rows of batch 0."""
-    return [{"spec": dict(model_spec), "data": _own_rows({k: data[k][:1] for k in ("x", "y")}, rank, world_size)}
-            for rank in range(world_size)]
+def shard_inputs(world_size: int, model_spec: dict, data: dict, pause: bool = False) -> list[dict]:
+    """What `shard_rank` gets on each rank: the spec and the rank's own rows of batch 0. `pause`:
+    the ranks pause before the backward and after `fn` (what they hold there is measured)."""
+    return [{"spec": dict(model_spec), "data": _own_rows({k: data[k][:1] for k in ("x", "y")}, rank, world_size),
+             "pause": pause} for rank in range(world_size)]
 
 
 def shard_rank(rank: int, world_size: int, fn, mine: dict):
     """One rank of `gradient_shards_on_ranks` holding only its `shard_inputs`: one backward on its
-    rows, then `fn(params)`. It pauses before the backward and after `fn` (the shard it returned
-    held), where separate_ranks measures what the rank holds ("resident_bytes"): ZeRO-2 keeps the
-    shard, not the full gradients."""
+    rows, then `fn(params)`. Asked to (`shard_inputs(pause=True)`) it pauses before the backward
+    and after `fn` (the shard it returned held), where separate_ranks measures what the rank holds
+    ("resident_bytes"): ZeRO-2 keeps the shard, not the full gradients."""
     model_spec = mine["spec"]
     model = build_model(model_spec)
     x, y = mine["data"]["x"][0], mine["data"]["y"][0]
-    _warm_up()
-    yield
+    if mine.get("pause"):
+        _warm_up()
+        yield
     batch_loss(model, model_spec, x, y).backward()     # no communication: "calls" are fn's
     shard = fn(list(model.parameters()))
-    yield
+    if mine.get("pause"):
+        yield
     return {"shards": shard, "grads_left": [n for n, p in model.named_parameters() if p.grad is not None]}
 
 
