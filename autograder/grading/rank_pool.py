@@ -11,7 +11,11 @@ in it, and its forbidden-API observer checked with canaries as the main one is. 
 hands rank r its own `per_rank[r]` over that rank's own wire and asks it to join the process
 group (camplib.dist.separate.join_and_run); the loopback network is the only channel between
 ranks, so outputs that depend on every rank's input prove that data travelled, and the bytes
-the grader counts on that network (Sandbox.loopback_bytes) bound how much. Each rank's observer
+the grader counts on that network (Sandbox.loopback_bytes) bound how much. Where the rank
+function pauses (a generator's `yield`, camplib.dist.separate), the grader measures what each
+rank holds there, from outside (Sandbox.resident_bytes: every process of the sandbox and its
+tmpfs), while the rank waits for the next request: "resident_bytes", per rank, per pause.
+Each rank's observer
 also reports every torch.distributed collective it calls (autograder.grading.observe), so the
 "collectives" a run returns are the grader's own observation, not the rank's count.
 """
@@ -26,6 +30,8 @@ from .observe import COLLECTIVE_ENTRIES, collective_name, collective_plan
 from .remote import RemoteObject, Session, StudentError
 
 JOIN = "camplib.dist.separate.join_and_run"
+RESUME = "camplib.dist.separate.resume"
+MAX_PAUSES = 64   # a rank function's yields (a02's: one per optimizer step); more is the student's doing
 
 
 class RankPool:
@@ -104,6 +110,20 @@ class RankPool:
             return call
 
         errors = _side_by_side([one(r) for r in range(n)], every=True)
+        held: list[list[int]] = [[] for _ in range(n)]
+        while not any(errors) and all(reply == {"paused": True} for reply in replies) and len(held[0]) < MAX_PAUSES:
+            try:
+                for r in range(n):   # every rank waits for the next request: what it holds now, it keeps
+                    held[r].append(self.ranks[r].sandbox.resident_bytes())
+            except (StudentCrashed, OSError) as exc:
+                errors = [StudentError(f"its memory could not be measured: {exc}") if i == r else None for i in range(n)]
+                break
+
+            def going(r: int):
+                def call():
+                    replies[r] = self.ranks[r].session.make(RESUME, [], {})
+                return call
+            errors = _side_by_side([going(r) for r in range(n)], every=True)
         collectives = [self._collectives(r) for r in range(n)]
         if any(self.ranks[r].sandbox.proc is None for r in range(n)):   # crashed or timed out:
             self._found = self._found or self._observers(canaries=False)  # what they reported first,
@@ -112,7 +132,11 @@ class RankPool:
         if failed:
             r, exc = failed[0]
             raise type(exc)(f"rank {r} of {n}: {exc}") if isinstance(exc, StudentError) else exc
+        if not all(isinstance(reply, dict) and "returned" in reply for reply in replies):
+            raise StudentError(f"the ranks paused a different number of times ({len(held[0])} measured): "
+                               "each rank runs the same rank function")
         out = {key: [reply["returned"][key] for reply in replies] for key in replies[0]["returned"]}
+        out["resident_bytes"] = held
         out["bytes_sent"] = [reply["bytes_sent"] for reply in replies]
         out["calls"] = [reply["calls"] for reply in replies]
         out["collectives"] = collectives

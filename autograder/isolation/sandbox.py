@@ -262,7 +262,8 @@ class Sandbox:
     `net_of`: a started sandbox whose network namespace this one joins, sharing nothing else
     (its own files, /tmp, /dev/shm, IPC, PID namespace and leased uid): the ranks the grader
     starts for a distributed test (autograder.grading.rank_pool) talk over that loopback network
-    only (no Unix sockets, whose abstract names the namespace shares: autograder.isolation.seccomp),
+    only (IPv4 and IPv6 sockets: the namespace also names abstract Unix sockets and netlink ports,
+    autograder.isolation.seccomp),
     and its count (`loopback_bytes`) includes them."""
 
     def __init__(self, staging: Path, *, isolation: str, uid: int | None = None, limits: Limits = Limits(),
@@ -373,7 +374,7 @@ class Sandbox:
             if self.net_of._net_ns is None:
                 raise StudentCrashed("the sandbox whose network this one joins is not running")
             net_ns = self.net_of._net_ns
-        seccomp_fd = _seccomp_pipe(unix_sockets=self.net_of is None)   # a rank: no Unix sockets (seccomp says why)
+        seccomp_fd = _seccomp_pipe(unix_sockets=self.net_of is None)   # a rank: IPv4, IPv6 and netlink route sockets only (seccomp says why)
         try:
             self.proc = subprocess.Popen(self.command(seccomp_fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=log_fd, cwd="/", env=sandbox_env(Path(WORK), Path("/tmp"), self.threads),
@@ -427,6 +428,28 @@ class Sandbox:
         if self._net_dev is None:
             raise StudentCrashed("the student's process is not running")
         return loopback_sent(os.pread(self._net_dev, 1 << 16, 0).decode())
+
+    def resident_bytes(self) -> int:
+        """Memory the sandbox holds now, read from outside: the resident data of every process in
+        it (anonymous and shared pages, camplib.dist.separate.resident_bytes) and what its writable
+        tmpfs holds (bwrap), where the student's files are. A process keeps its data in one or the
+        other (or in kernel buffers: pipes, sockets), and cannot make the kernel count less."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise StudentCrashed("the student's process is not running")
+        from camplib.dist.separate import resident_bytes
+        held, todo, innermost = 0, [self.proc.pid], self.proc.pid
+        while todo:
+            pid = todo.pop()
+            try:
+                held += resident_bytes(pid)
+            except (OSError, IndexError, ValueError):
+                continue   # gone meanwhile
+            innermost = pid
+            todo += _children_of(pid)
+        if self.isolation != "none":
+            disk = os.statvfs(f"/proc/{innermost}/root{WORK}")   # a mount point of the one tmpfs
+            held += (disk.f_blocks - disk.f_bfree) * disk.f_frsize
+        return held
 
     def close(self) -> None:
         """Kill the student's process and everything it started; remove its cgroup."""
@@ -498,6 +521,19 @@ def _enter(net_ns: int | None, budget) -> None:
             raise OSError(ctypes.get_errno(), "setns into the ranks' network namespace failed")
     if budget is not None:
         budget.join_self()
+
+
+def _children_of(pid: int) -> list[int]:
+    """`pid`'s children, from the kernel's list of each of its threads' children (fast), or from a
+    scan of /proc where the kernel keeps none (`_children`)."""
+    try:
+        found = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(child) for child in f.read().split()]
+        return found
+    except FileNotFoundError:
+        return _children(pid) if os.path.exists(f"/proc/{pid}") else []
 
 
 def _children(pid: int) -> list[int]:

@@ -13,11 +13,14 @@ profile does:
 - `bpf`, `perf_event_open`, `userfaultfd`: kernel attack surface no lab needs;
 - any other architecture's system calls (i386, x32 on x86-64): the process is killed;
 - in the ranks the grader starts for a distributed test (`filter_program(unix_sockets=False)`,
-  autograder.grading.rank_pool), new AF_UNIX sockets: EPERM. Those sandboxes share one network
-  namespace, and with it the abstract Unix-socket namespace: a channel between ranks that never
-  touches the loopback interface whose bytes the grader counts. Sockets, not addresses, are
-  refused (a filter cannot read a sockaddr behind a pointer); gloo and torch.distributed's
-  TCPStore use TCP only, and the observer's channel is inherited already open.
+  autograder.grading.rank_pool), every new socket but an IPv4 or IPv6 one (and netlink's route
+  family, NETLINK_ROUTE, which getaddrinfo reads and which carries nothing from one user process
+  to another): EPERM. Those sandboxes share one network namespace, and with it what other
+  families name in it: abstract Unix sockets, NETLINK_USERSOCK ports (a message from one uid to
+  another: tried), and families whose loopback bypasses the interface whose bytes the grader
+  counts (SMC-D's, vsock's). Sockets, not addresses, are refused (a filter cannot read a sockaddr
+  behind a pointer); gloo and torch.distributed's TCPStore use TCP only, and the observer's
+  channel is inherited already open.
 
 A second filter (`forbid_exec`), which the student's process installs on itself once it is up
 and before any of the student's code runs: `execve`/`execveat` fail with EPERM, in that process,
@@ -49,7 +52,7 @@ _ARCHES = {
 }
 DENIED = ("add_key", "request_key", "keyctl", "bpf", "perf_event_open", "userfaultfd")
 NO_NEW_USER_NAMESPACE = ("unshare", "clone")   # flags in the first argument
-AF_UNIX = 1
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, NETLINK_ROUTE = 1, 2, 10, 16, 0
 
 
 def _stmt(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
@@ -69,7 +72,8 @@ def supported() -> bool:
 
 def filter_program(machine: str | None = None, unix_sockets: bool = True) -> bytes:
     """The BPF program (bytes of `struct sock_filter`) for this machine's architecture;
-    `unix_sockets` False: `socket(AF_UNIX, ...)` refused too (a rank's sandbox)."""
+    `unix_sockets` False (a rank's sandbox): `socket()` refused too, but for AF_INET, AF_INET6 and
+    AF_NETLINK with NETLINK_ROUTE."""
     arch, calls = _ARCHES[machine or platform.machine()]
     prog = [_stmt(LD_ABS, 4),                          # seccomp_data.arch
             _stmt(JEQ, arch, jt=1),
@@ -87,9 +91,13 @@ def filter_program(machine: str | None = None, unix_sockets: bool = True) -> byt
                  _stmt(RET, _errno(errno.EPERM)),
                  _stmt(RET, RET_ALLOW)]
     if not unix_sockets:
-        prog += [_stmt(JEQ, calls["socket"], jf=4),
+        prog += [_stmt(JEQ, calls["socket"], jf=8),
                  _stmt(LD_ABS, 16),                    # low 32 bits of the first argument (the domain)
-                 _stmt(JEQ, AF_UNIX, jf=1),
+                 _stmt(JEQ, AF_INET, jt=5),
+                 _stmt(JEQ, AF_INET6, jt=4),
+                 _stmt(JEQ, AF_NETLINK, jf=2),
+                 _stmt(LD_ABS, 32),                    # low 32 bits of the third argument (the protocol)
+                 _stmt(JEQ, NETLINK_ROUTE, jt=1),
                  _stmt(RET, _errno(errno.EPERM)),
                  _stmt(RET, RET_ALLOW)]
     prog.append(_stmt(RET, RET_ALLOW))

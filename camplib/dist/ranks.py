@@ -47,12 +47,22 @@ def on_ranks(rank_fn, world_size: int, *args, backend: str | None = None, timeou
 
 
 def _measured(rank: int, world_size: int, rank_fn, args: tuple) -> dict:
+    _quiet()
+    with count_bytes() as counter:
+        returned = rank_fn(rank, world_size, *args)
+    return _checked(returned, rank_fn, rank, counter)
+
+
+def _quiet() -> None:
     # torch 2.13 renamed reduce_scatter_tensor / all_gather_into_tensor to *_single; a student's
     # code may use the old names, and a warning on a rank reaches the notebook's stderr, which
     # fails a graded cell
     warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use .*_single", category=FutureWarning)
-    with count_bytes() as counter:
-        returned = rank_fn(rank, world_size, *args)
+
+
+def _checked(returned, rank_fn, rank: int, counter) -> dict:
+    """A rank's result in on_ranks' format: what `rank_fn` returned (a dict of plain data, none of
+    MEASURED's keys) and what `counter` (count_bytes) counted."""
     if not isinstance(returned, dict):
         raise TypeError(f"{_name(rank_fn)} returned a {type(returned).__name__} on rank {rank}: "
                         "a rank function for on_ranks returns a dict of plain data")

@@ -78,10 +78,11 @@ def _own_rows(data: dict, rank: int, world_size: int) -> dict:
     return {k: torch.stack([batch.chunk(world_size)[rank] for batch in data[k]]) for k in ("x", "y")}
 
 
-def _train(rank, world_size, model, opt, model_spec, data, steps, record_history, own_rows=False) -> dict:
+def _train(rank, world_size, model, opt, model_spec, data, steps, record_history, own_rows=False, pause=False):
     """The training loop on one rank: per step zero_grad (the optimizer's, else the model's),
     forward, backward, step(), with the bytes sent and the calls made in them counted. `own_rows`:
-    `data` holds this rank's rows only (`_own_rows`), else every rank's."""
+    `data` holds this rank's rows only (`_own_rows`), else every rank's. A generator returning the
+    dict (`_drained` runs it through), which pauses after every step if asked (`pause`)."""
     device = next(model.parameters()).device
     out = {"losses": [], "bytes_per_step": [], "calls_per_step": [], "history": []}
     for s in range(steps):
@@ -98,6 +99,8 @@ def _train(rank, world_size, model, opt, model_spec, data, steps, record_history
         out["losses"].append(_global_loss(loss, world_size))
         if record_history:
             out["history"].append(_params(model, opt))
+        if pause:
+            yield
     return out
 
 
@@ -136,7 +139,7 @@ def _zero_rank(rank, world_size, stage, model_spec, data, steps, hyper, ring, re
     opt = None
     peak = _watch_gradient_bytes(model, lambda: (opt.grad_full or []) + (opt.grad_shards or []))
     opt = ZeroAdamW(model, stage, collectives=collectives, **hyper)
-    out = _train(rank, world_size, model, opt, model_spec, data, steps, record_history)
+    out = _drained(_train(rank, world_size, model, opt, model_spec, data, steps, record_history))
     out["memory"] = zero_memory_held(opt)       # between two steps: what this rank keeps
     out["peak_grad_bytes"] = max(peak["peak"], out["memory"]["grads"])
     out["master_dtypes"] = sorted({str(m.dtype).removeprefix("torch.") for m in opt.masters})
@@ -163,7 +166,38 @@ def train_zero_on_ranks(stage: int, world_size: int, model_spec: dict, data: dic
 
 def _optimizer_rank(rank, world_size, optimizer_cls, model_spec, data, steps, hyper, average_gradients,
                     record_history, own_rows=False):
+    return _drained(_optimizer_run(rank, world_size, optimizer_cls, model_spec, data, steps, hyper, average_gradients,
+                                   record_history, own_rows))
+
+
+def _drained(run):
+    """What the generator `run` returns, run to its end (its pauses ignored)."""
+    while True:
+        try:
+            next(run)
+        except StopIteration as stop:
+            return stop.value
+
+
+def _warm_up() -> None:
+    """What a rank's first optimizer step and backward import and allocate once (torch._dynamo
+    behind every torch.optim constructor, autograd's engine), done before a pause that measures
+    a baseline, so that what is held later is the optimizer's own."""
+    p = torch.zeros(2, requires_grad=True)
+    opt = torch.optim.AdamW([p])
+    (p * 2).sum().backward()
+    opt.step()
+
+
+def _optimizer_run(rank, world_size, optimizer_cls, model_spec, data, steps, hyper, average_gradients,
+                   record_history, own_rows=False, pause=False):
+    """`_optimizer_rank` as a generator; with `pause`, it pauses (camplib.dist.separate) once the
+    model is built, before the optimizer is, and after every step: what a rank keeps between steps
+    can be measured."""
     model = build_model(model_spec)
+    if pause:
+        _warm_up()
+        yield
     opt = optimizer_cls(model.parameters(), **hyper)
     if average_gradients:          # what DDP would do around an optimizer that expects averaged grads
         def average(param):
@@ -171,7 +205,7 @@ def _optimizer_rank(rank, world_size, optimizer_cls, model_spec, data, steps, hy
             param.grad.div_(world_size)
         for p in model.parameters():
             p.register_post_accumulate_grad_hook(average)
-    out = _train(rank, world_size, model, opt, model_spec, data, steps, record_history, own_rows)
+    out = yield from _train(rank, world_size, model, opt, model_spec, data, steps, record_history, own_rows, pause)
     out["grad_bytes_held"] = tensor_bytes(p.grad for p in model.parameters())
     model_tensors = [t for p in model.parameters() for t in (p, p.grad)]
     out["state_bytes_held"] = reachable_tensor_bytes(opt, exclude=model_tensors)
@@ -194,40 +228,53 @@ def train_optimizer_on_ranks(optimizer_cls, world_size: int, model_spec: dict, d
 
 
 def optimizer_inputs(world_size: int, model_spec: dict, data: dict, steps: int, hyper: dict | None = None,
-                     average_gradients: bool = False, record_history: bool = False, timeout: float = 120.0
-                     ) -> list[dict]:
+                     average_gradients: bool = False, record_history: bool = False, timeout: float = 120.0,
+                     pause: bool = False) -> list[dict]:
     """What `optimizer_rank` gets on each rank for `train_optimizer_on_ranks`' run: the spec and
-    the rank's own rows of every batch, nothing of another rank's rows."""
+    the rank's own rows of every batch, nothing of another rank's rows. `pause`: the ranks pause
+    before the optimizer exists and after every step (what they hold there is measured)."""
     return [{"spec": dict(model_spec), "data": _own_rows(data, rank, world_size), "steps": steps,
-             "hyper": dict(hyper or {}), "average_gradients": average_gradients, "record_history": record_history}
-            for rank in range(world_size)]
+             "hyper": dict(hyper or {}), "average_gradients": average_gradients, "record_history": record_history,
+             "pause": pause} for rank in range(world_size)]
 
 
-def optimizer_rank(rank: int, world_size: int, optimizer_cls, mine: dict) -> dict:
+def optimizer_rank(rank: int, world_size: int, optimizer_cls, mine: dict):
     """One rank of `train_optimizer_on_ranks` holding only its `optimizer_inputs`: what
-    autograder.checks.separate_ranks hands each rank."""
-    return _optimizer_rank(rank, world_size, optimizer_cls, mine["spec"], mine["data"], mine["steps"], mine["hyper"],
-                           mine["average_gradients"], mine["record_history"], own_rows=True)
+    autograder.checks.separate_ranks hands each rank. Asked to (`optimizer_inputs(pause=True)`) it
+    pauses once the model is built (before the optimizer is) and after every step, where
+    separate_ranks measures what the rank holds ("resident_bytes"): ZeRO-1's optimizer keeps the
+    state of its shard only."""
+    return (yield from _optimizer_run(rank, world_size, optimizer_cls, mine["spec"], mine["data"], mine["steps"],
+                                      mine["hyper"], mine["average_gradients"], mine["record_history"], own_rows=True,
+                                      pause=mine.get("pause", False)))
 
 
 def _shard_rank(rank, world_size, fn, model_spec, data):
-    return shard_rank(rank, world_size, fn, {"spec": model_spec, "data": _own_rows(data, rank, world_size)})
+    return _drained(shard_rank(rank, world_size, fn, {"spec": model_spec, "data": _own_rows(data, rank, world_size)}))
 
 
-def shard_inputs(world_size: int, model_spec: dict, data: dict) -> list[dict]:
-    """What `shard_rank` gets on each rank: the spec and the rank's own rows of batch 0."""
-    return [{"spec": dict(model_spec), "data": _own_rows({k: data[k][:1] for k in ("x", "y")}, rank, world_size)}
-            for rank in range(world_size)]
+def shard_inputs(world_size: int, model_spec: dict, data: dict, pause: bool = False) -> list[dict]:
+    """What `shard_rank` gets on each rank: the spec and the rank's own rows of batch 0. `pause`:
+    the ranks pause before the backward and after `fn` (what they hold there is measured)."""
+    return [{"spec": dict(model_spec), "data": _own_rows({k: data[k][:1] for k in ("x", "y")}, rank, world_size),
+             "pause": pause} for rank in range(world_size)]
 
 
-def shard_rank(rank: int, world_size: int, fn, mine: dict) -> dict:
+def shard_rank(rank: int, world_size: int, fn, mine: dict):
     """One rank of `gradient_shards_on_ranks` holding only its `shard_inputs`: one backward on its
-    rows, then `fn(params)`."""
+    rows, then `fn(params)`. Asked to (`shard_inputs(pause=True)`) it pauses before the backward
+    and after `fn` (the shard it returned held), where separate_ranks measures what the rank holds
+    ("resident_bytes"): ZeRO-2 keeps the shard, not the full gradients."""
     model_spec = mine["spec"]
     model = build_model(model_spec)
     x, y = mine["data"]["x"][0], mine["data"]["y"][0]
+    if mine.get("pause"):
+        _warm_up()
+        yield
     batch_loss(model, model_spec, x, y).backward()     # no communication: "calls" are fn's
     shard = fn(list(model.parameters()))
+    if mine.get("pause"):
+        yield
     return {"shards": shard, "grads_left": [n for n, p in model.named_parameters() if p.grad is not None]}
 
 

@@ -23,6 +23,11 @@ the rings on all-reduces (dist.all_reduce, the c10d operator by its Python name
 calls (4/8 when the "point-to-point only" rule read that count); the grader's observer sees each
 all-reduce: 0 (more routes below the observed layer: c10d_rings.py).
 
+WHOLE_STATE_ZERO1 and WHOLE_GRADS_ZERO2 are a02's exercises right in numbers and traffic with nothing
+sharded in memory (every rank's full AdamW state, every rank's full gradients, kept out of the
+optimizer object's reach): 13/13 while the tests checked results and traffic; the memory the grader
+measures each rank hold, from outside its sandbox, takes exactly their 6 points.
+
 Graded with none of the lab's forbidden list, so that the score comes from the trusted
 measurement alone (no static scan or observer verdict), and b06 also with it, as `camp grade`
 does (the fakes only: the reference's full marks are tests/course/test_labs.py's).
@@ -432,6 +437,61 @@ def _alone_forward(rank, cp, fn, mine):
 setattr(_cp, "run_ring_" + "forward", _fake_forward)
 setattr(_cp, "forward_" + "rank", _alone_forward)
 '''
+# a02: both ZeRO exercises right in numbers and traffic and nothing sharded in memory, the full state kept
+# where the course's own accounting (reachable_tensor_bytes, run in the student's process) does not look.
+# Scored both tests (13/13) while only results and traffic were checked; the grader's own measurement of
+# what each rank holds (Sandbox.resident_bytes, at the pauses of camplib.dist.separate) takes 6 points
+WHOLE_STATE_ZERO1 = '''
+_WHOLE = {}   # every rank's full AdamW, out of the optimizer object's reach
+
+
+class Zero1AdamW:
+    """Full AdamW state on every rank, updated locally after an all-reduce; the all-gather for show."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        self.params = [p for p in params if p.requires_grad]
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        numel = sum(p.numel() for p in self.params)
+        self.shard_size = -(-numel // self.world_size)
+        _WHOLE[id(self)] = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+            p.grad.div_(self.world_size)
+        _WHOLE[id(self)].step()
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        flat = torch.cat([flat, flat.new_zeros(self.shard_size * self.world_size - flat.numel())])
+        full = flat.new_empty(self.shard_size * self.world_size)
+        lo = self.rank * self.shard_size
+        dist.all_gather_into_tensor(full, flat[lo:lo + self.shard_size].clone())
+'''
+
+WHOLE_GRADS_ZERO2 = '''
+_KEPT = []   # the full gradients, kept after p.grad is set to None
+
+
+def reduce_scatter_gradients(params):
+    world = dist.get_world_size()
+    _KEPT.append([p.grad for p in params])
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    shard_size = -(-flat.numel() // world)
+    flat = torch.cat([flat, flat.new_zeros(shard_size * world - flat.numel())])
+    for p in params:
+        p.grad = None
+    shard = flat.new_empty(shard_size)
+    dist.reduce_scatter_tensor(shard, flat)
+    return shard / world
+'''
+
+
 SEPARATE = {"b06": FAKED["b06"], "a02": FAKED["a02"], "a03": FAKED["a03"], "a04": FAKED["a04"],
             "a05": ["test_ring_forward"]}   # tests run on the grader's own ranks
 
@@ -445,9 +505,11 @@ def _after_setup(nb, source):
 
 def _graded(tmp, catalog, lab, forbid):
     """The fakes graded; the reference too where nothing is forbidden (with the lab's forbidden list
-    it is tests/course/test_labs.py's full marks). a05: the fake in a cell only."""
+    it is tests/course/test_labs.py's full marks). a05: the fake in a cell only. a02: not the reference
+    but the same notebook with its two ZeRO exercises kept whole (its other tests: the reference's full
+    marks; the reference's own, memory checks included, are test_labs')."""
     subs, out = tmp / "submissions", tmp / "workspace"
-    if not forbid:
+    if not forbid and lab != "a02":
         write_submission(subs, "ada", lab, student_notebook(lab))
     fakes = {"a03": FAKES_A03, "a04": FAKES_A04, "a05": FAKES_A05}.get(lab, FAKES)
     write_submission(subs, "fake_in_cell", lab, _after_setup(student_notebook(lab, solve=False), fakes))
@@ -455,6 +517,9 @@ def _graded(tmp, catalog, lab, forbid):
         beside = write_submission(subs, "fake_beside", lab,
                                   _after_setup(student_notebook(lab, solve=False), "import helpers  # noqa"))
         (beside.parent / "helpers.py").write_text(fakes)
+    if lab == "a02" and not forbid:
+        write_submission(subs, "whole_state", lab, student_notebook(lab, {"zero1": WHOLE_STATE_ZERO1,
+                                                                          "zero2_grads": WHOLE_GRADS_ZERO2}))
     if lab == "b06":
         write_submission(subs, "shared", lab, _with_last(student_notebook(lab, solve=False), SHARED))
         write_submission(subs, "collective_rings", lab, _with_last(student_notebook(lab, solve=False), COLLECTIVE_RINGS))
@@ -534,3 +599,16 @@ def test_rings_built_on_all_reduce_score_nothing_whatever_the_ranks_count(graded
         assert all("uses point-to-point messages only" in scored[g][1] for g in RINGS), scored
         assert "['allreduce']" in scored["test_ring_reduce_scatter"][1], scored          # torch.ops.c10d's
         assert "_c10d_functional::all_reduce" in scored["test_ring_all_reduce"][1], scored   # the functional one
+
+
+def test_zero_state_kept_whole_on_every_rank_loses_exactly_the_two_zero_tests(graded):
+    """a02's optimizer state (ZeRO-1) and gradients (ZeRO-2) kept whole on every rank, out of the
+    optimizer object's reach: right numbers, right traffic, the memory of a rank measured by the
+    grader gives it away (the reference's full marks, the same memory checks passed: test_labs)."""
+    rows, details = graded("a02", False)
+    scored = {t["grade_id"]: (t["score"], t["message"]) for t in details["whole_state"]["tests"]}
+    assert sorted(g for g, (score, _) in scored.items() if score == 0) == ["test_zero1", "test_zero2_grads"], scored
+    assert rows["whole_state"].score == rows["whole_state"].max_score - 6, scored   # the rest: full marks
+    assert "memory rank 0 keeps between steps" in scored["test_zero1"][1], scored
+    assert "Shard the optimizer state" in scored["test_zero1"][1], scored
+    assert "memory rank 0 holds after reduce_scatter_gradients" in scored["test_zero2_grads"][1], scored

@@ -1,7 +1,8 @@
 """The ranks the grader starts for a distributed test (autograder.grading.rank_pool): one
 sandbox per rank, sharing the student's sandbox's loopback network and nothing else, each
 receiving only its own input. A rank cannot see another's files (/tmp, /dev/shm) or processes;
-nor reach its abstract Unix sockets (a rank may open none, autograder.isolation.seccomp);
+nor reach its abstract Unix sockets or NETLINK_USERSOCK ports (a rank may open IPv4, IPv6 and
+netlink route sockets only, autograder.isolation.seccomp);
 what it sends on the loopback network counts in the grader's measurement, and the collectives
 it calls are what the grader's observer saw (whichever way they were called, the c10d operators'
 Python names included); the course's rank
@@ -37,6 +38,9 @@ def plant(port):
     unix.bind("\\0camp-secret")   # the network namespace's abstract names, which a rank's sandbox shares
     unix.listen(1)
     _kept.append(unix)
+    usersock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 2)   # NETLINK_USERSOCK: ports named in the namespace
+    usersock.bind((4242, 0))
+    _kept.append(usersock)
     server = socket.create_server(("127.0.0.1", port))
     def take():
         peer, _ = server.accept()
@@ -45,6 +49,16 @@ def plant(port):
         peer.sendall(b"!")   # everything arrived: the sender may return
     threading.Thread(target=take, daemon=True).start()
     return os.getpid()
+
+
+def hold(nbytes, where):
+    """Keep `nbytes` in this process's memory, or in a file on its tmpfs."""
+    if where == "memory":
+        _kept.append(torch.ones(nbytes // 4))
+    else:
+        with open(f"{where}/held", "wb") as f:
+            for _ in range(nbytes >> 20):   # by the MiB: nothing big passes through its memory
+                f.write(b"x" * (1 << 20))
 
 
 def look_and_send(port, nbytes):
@@ -59,6 +73,16 @@ def look_and_send(port, nbytes):
         seen["unix"] = "refused"
     except OSError as exc:
         seen["unix"] = repr(exc)
+    try:   # a message to the other sandbox's NETLINK_USERSOCK port (from one uid to another: delivered, unfiltered)
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 2) as usersock:
+            usersock.sendto(bytes(16) + b"rank input", (4242, 0))
+            seen["netlink"] = "sent"
+    except PermissionError:
+        seen["netlink"] = "refused"
+    except OSError as exc:
+        seen["netlink"] = repr(exc)
+    for family in (socket.AF_INET6, socket.AF_NETLINK):   # what the rank may open: IPv6, netlink's route family
+        socket.socket(family, socket.SOCK_DGRAM if family == socket.AF_INET6 else socket.SOCK_RAW).close()
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(b"x" * nbytes)   # returns once buffered, not sent: the receiver's window paces the wire
         s.shutdown(socket.SHUT_WR)
@@ -118,7 +142,7 @@ def test_a_rank_sandbox_shares_the_loopback_network_and_nothing_else(main, tmp_p
         RemoteObject(main.session, "plant", "plant")(29411)
         before = main.sandbox.loopback_bytes()
         got = RemoteObject(rank.session, "look_and_send", "look_and_send")(29411, 1 << 20)
-        assert got["seen"] == {"/tmp": False, "/dev/shm": False, "unix": "refused"}, got   # no Unix socket
+        assert got["seen"] == {"/tmp": False, "/dev/shm": False, "unix": "refused", "netlink": "refused"}, got
         assert got["processes"] <= 3, got   # its own PID namespace: bwrap's init, sandbox_init, itself
         assert main.sandbox.loopback_bytes() - before >= 1 << 20   # its traffic is in the grader's count
         assert rank.sandbox.uid != main.sandbox.uid
@@ -159,12 +183,22 @@ def test_the_pool_runs_each_rank_on_its_own_input_in_its_own_sandbox(main):
     assert wire.sent >= 3 * 2 * 24
 
 
+@pytest.mark.slow   # with the module's sandbox: ~1 s
+@needs_sandbox
+def test_the_grader_measures_what_a_sandbox_holds_in_memory_and_in_its_files(main):
+    for where in ("memory", "/dev/shm", "/tmp"):
+        before = main.sandbox.resident_bytes()
+        RemoteObject(main.session, "hold", "hold")(12 << 20, where)   # a file: under the 16 MiB limit
+        assert 12 << 20 <= main.sandbox.resident_bytes() - before < 16 << 20, where
+
+
 def test_in_a_notebook_the_same_call_forks_the_ranks():
     namespace = {}
     exec(STUDENT_CODE, namespace)
     out = checks.separate_ranks("camplib.dist.harness.collective_rank", namespace["ring_sum"],
                                 [torch.ones(2), 2 * torch.ones(2)])
     assert [o.tolist() for o in out["outputs"]] == [[3.0, 3.0]] * 2 and out["bytes_sent"] == [8, 8]
+    assert out["resident_bytes"] == [[], []]   # collective_rank never pauses
 
 
 def test_a_head_start_that_cannot_start_leaves_the_ranks_to_the_test(tmp_path):
