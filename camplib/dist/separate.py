@@ -36,7 +36,7 @@ import torch.distributed as dist
 from .counting import COLLECTIVES, count_bytes
 from .ranks import _checked, _quiet, on_ranks
 
-__all__ = ["on_separate_ranks", "join_and_run", "resume", "rank_function", "settle", "resident_bytes"]
+__all__ = ["on_separate_ranks", "join_and_run", "resume", "rank_function", "run_through", "settle", "resident_bytes"]
 
 
 def rank_function(path: str):
@@ -74,17 +74,27 @@ def resident_bytes(pid: int | str = "self") -> int:
     return held
 
 
-def _pick(rank: int, world_size: int, rank_fn, fn, per_rank: list):
-    run, held = rank_fn(rank, world_size, fn, per_rank[rank]), []
-    if not inspect.isgenerator(run):
-        return _with_memory(run, held)
+def run_through(run, at_pause=None):
+    """What the generator `run` returns, run to its end, `at_pause()` called at each of its pauses
+    (none: the pauses are ignored)."""
     while True:
         try:
             next(run)
         except StopIteration as stop:
-            return _with_memory(stop.value, held)
+            return stop.value
+        if at_pause is not None:
+            at_pause()
+
+
+def _pick(rank: int, world_size: int, rank_fn, fn, per_rank: list):
+    run, held = rank_fn(rank, world_size, fn, per_rank[rank]), []
+    if not inspect.isgenerator(run):
+        return _with_memory(run, held)
+
+    def measure():
         settle()
         held.append(resident_bytes())
+    return _with_memory(run_through(run, measure), held)
 
 
 def _with_memory(returned, held: list):
@@ -112,6 +122,8 @@ def join_and_run(path: str, fn, rank: int, world_size: int, port: int, mine, tim
     store = dist.TCPStore("127.0.0.1", int(port), world_size, is_master=rank == 0, wait_for_workers=False,
                           timeout=timedelta(seconds=timeout))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout))
+    # every rank connected before any runs the rank function: one whose rank function raises leaves at once,
+    dist.barrier()   # and must not close its pair while another rank is still connecting (that join would fail)
     counting = ExitStack()
     try:
         _quiet()
@@ -160,3 +172,10 @@ def _leave() -> None:
             run.close()
     if dist.is_initialized():
         dist.destroy_process_group()
+    # torch names the default group by a per-process count of the groups made ("0" in a fresh
+    # process), reset only when a default group is destroyed: a join whose init_process_group
+    # raised (here, when the other rank's rank function raised and it left while gloo still
+    # connected this rank) counted a group it never made, so this rank's next group would be "1"
+    # while the others' is "0", and each would wait for the other's keys under its own name until
+    # the timeout. No group is left here: the next join names its group as a fresh process does.
+    dist.distributed_c10d._world.group_count = 0

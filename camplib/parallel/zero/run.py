@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from camplib.dist.counting import count_bytes
 from camplib.dist.ranks import on_ranks
+from camplib.dist.separate import run_through
 from camplib.memory import storage_bytes, storage_key
 
 from camplib.parallel.model_specs import batch_loss, build_model
@@ -82,7 +83,7 @@ def _train(rank, world_size, model, opt, model_spec, data, steps, record_history
     """The training loop on one rank: per step zero_grad (the optimizer's, else the model's),
     forward, backward, step(), with the bytes sent and the calls made in them counted. `own_rows`:
     `data` holds this rank's rows only (`_own_rows`), else every rank's. A generator returning the
-    dict (`_drained` runs it through), which pauses after every step if asked (`pause`)."""
+    dict (`run_through` runs it to its end), which pauses after every step if asked (`pause`)."""
     device = next(model.parameters()).device
     out = {"losses": [], "bytes_per_step": [], "calls_per_step": [], "history": []}
     for s in range(steps):
@@ -139,7 +140,7 @@ def _zero_rank(rank, world_size, stage, model_spec, data, steps, hyper, ring, re
     opt = None
     peak = _watch_gradient_bytes(model, lambda: (opt.grad_full or []) + (opt.grad_shards or []))
     opt = ZeroAdamW(model, stage, collectives=collectives, **hyper)
-    out = _drained(_train(rank, world_size, model, opt, model_spec, data, steps, record_history))
+    out = run_through(_train(rank, world_size, model, opt, model_spec, data, steps, record_history))
     out["memory"] = zero_memory_held(opt)       # between two steps: what this rank keeps
     out["peak_grad_bytes"] = max(peak["peak"], out["memory"]["grads"])
     out["master_dtypes"] = sorted({str(m.dtype).removeprefix("torch.") for m in opt.masters})
@@ -166,17 +167,8 @@ def train_zero_on_ranks(stage: int, world_size: int, model_spec: dict, data: dic
 
 def _optimizer_rank(rank, world_size, optimizer_cls, model_spec, data, steps, hyper, average_gradients,
                     record_history, own_rows=False):
-    return _drained(_optimizer_run(rank, world_size, optimizer_cls, model_spec, data, steps, hyper, average_gradients,
+    return run_through(_optimizer_run(rank, world_size, optimizer_cls, model_spec, data, steps, hyper, average_gradients,
                                    record_history, own_rows))
-
-
-def _drained(run):
-    """What the generator `run` returns, run to its end (its pauses ignored)."""
-    while True:
-        try:
-            next(run)
-        except StopIteration as stop:
-            return stop.value
 
 
 def _warm_up() -> None:
@@ -250,7 +242,7 @@ def optimizer_rank(rank: int, world_size: int, optimizer_cls, mine: dict):
 
 
 def _shard_rank(rank, world_size, fn, model_spec, data):
-    return _drained(shard_rank(rank, world_size, fn, {"spec": model_spec, "data": _own_rows(data, rank, world_size)}))
+    return run_through(shard_rank(rank, world_size, fn, {"spec": model_spec, "data": _own_rows(data, rank, world_size)}))
 
 
 def shard_inputs(world_size: int, model_spec: dict, data: dict, pause: bool = False) -> list[dict]:
