@@ -64,7 +64,12 @@ REFERENCE_ONLY := $(VENV)/reference-only
 REFERENCE_WHEELS = torchao==0.18.0
 space := $(subst ,, )
 REFERENCE_STAMP = $(REFERENCE_ONLY)/.$(subst ==,-,$(subst $(space),_,$(REFERENCE_WHEELS)))
-setup: $(STAMP) $(REFERENCE_STAMP)
+# matplotlib's font list for the grading sandboxes (autograder/isolation/font_cache.py), made once
+# here: each sandbox's MPLCONFIGDIR is on its fresh tmpfs, so every one that imported pyplot (a lab's
+# setup cell, in the student's process and in each rank's) scanned the fonts again, ~0.2 s of CPU
+# each, a few hundred times in `make test`. Where it cannot be made, each sandbox scans as before.
+FONT_LIST := $(VENV)/share/llm-camp/matplotlib/.made
+setup: $(STAMP) $(REFERENCE_STAMP) $(FONT_LIST)
 
 # uv installs (parallel downloads, bytecode compiled on every core): on a fresh 2-core machine it
 # took 273 s where pip took 629 s, side by side. uv does not read pip's configuration, so the
@@ -100,6 +105,10 @@ $(REFERENCE_STAMP): $(STAMP)
 	else \
 	  echo "WARNING: could not install $(REFERENCE_WHEELS) into $(REFERENCE_ONLY): the torchao comparisons will not run"; \
 	fi
+
+$(FONT_LIST): $(STAMP)
+	if $(BIN)/python -m autograder.isolation.font_cache; then touch $@; else \
+	  echo "WARNING: no font list for the grading sandboxes: each will scan the fonts itself (slower)"; fi
 
 PY_MINOR = $(shell $(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 constraints: ## pin what .venv has now (run it after a green `make test`)
@@ -150,12 +159,19 @@ slurm:
 # Two pytest-xdist workers (the machines this course targets have 2 cores), fed one work unit at a
 # time, slow tests first (tests/conftest.py says how the units are formed).
 PYTEST_WORKERS ?= 2
+# The course's own modules compiled first: Python reads a .pyc whatever PYTHONDONTWRITEBYTECODE says
+# (and compiles a stale one again in memory), but where that variable is set (these CI machines'
+# environment) no process wrote them, so every one compiled what it imported: each pytest worker,
+# notebook kernel and grading sandbox (~0.05 s of CPU each, hundreds of them). Under 1 s here.
+COMPILE_COURSE = $(BIN)/python -m compileall -q camplib autograder tests benchmarks
 test: setup browser prometheus slurm ## the whole suite: library parity, build/run/grade round trips, the browser smoke test
+	$(COMPILE_COURSE)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 
 test-fast: setup ## the inner loop (< 3 min): everything not marked slow
 	@echo "test-fast leaves out the tests marked slow: every lab's notebook run and grading round trip,"
 	@echo "the grading attack suites, the sandbox and Formgrader round trips, the browser test. Run 'make test' before committing."
+	$(COMPILE_COURSE)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not slow"
 
 build: setup ## regenerate labs/ from solutions/

@@ -29,6 +29,7 @@ Where things live (one role per folder):
 |                 | (outcomes and their store)                                                  |
 | `isolation/`    | where student code runs: `sandbox` (start/stop/talk), `sandbox_init` (the    |
 |                 | first program inside it), `student_process` (runs the student's cells)       |
+|                 | `font_cache` (matplotlib's font list made at setup, copied into each)        |
 | `reports/`      | what people read: `feedback` (per student), `class_report` (report.html),    |
 |                 | `gradebook` (nbgrader's sqlite), `formgrader` (autograded/ for Formgrader),  |
 |                 | `grades_csv` (grades.csv), `mathjax` (the local MathJax copy pages load)     |

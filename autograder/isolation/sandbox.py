@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..grading.wire import WireError, read_message, write_message
-from . import cgroups, course_tree, seccomp
+from . import cgroups, course_tree, font_cache, seccomp
 from .uids import UidLease
 
 STAGING = "/run/camp-in"
@@ -316,7 +316,8 @@ class Sandbox:
                  *python_module("autograder.isolation.sandbox_init"), "--uid", str(self.uid),
                  "--staging", STAGING, "--disk-bytes", str(lim.disk_mb * 2**20),
                  "--disk-inodes", str(lim.disk_inodes)]
-                + [f"--limit={k}={v}" for k, v in limits.items()] + [f"--keep={p}" for p in course_paths()] + ["--"] + self._runner())
+                + [f"--limit={k}={v}" for k, v in limits.items()] + [f"--keep={p}" for p in course_paths()]
+                + [f"--fonts={p}" for p in [font_cache.cache_dir()] if p is not None] + ["--"] + self._runner())
 
     def start(self) -> None:
         self.launch()

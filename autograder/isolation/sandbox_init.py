@@ -8,12 +8,13 @@ CAP_SETGID, CAP_SETPCAP and CAP_CHOWN. This program:
    quota, lives in this sandbox's mount namespace only and vanishes with it (nothing for the
    grader to clean up, nothing for the next submission to find);
 2. copies the submission and the lab's public files from the read-only staging bind into
-   /home/student, then unmounts the staging bind;
+   /home/student, then unmounts the staging bind, and matplotlib's font list made at setup
+   (autograder.isolation.font_cache) into its MPLCONFIGDIR, so no sandbox scans the fonts again;
 3. applies per-process rlimits, empties the capability bounding set, drops to the sandbox uid
    (no groups) and execs the student runner.
 
   python -I -m autograder.isolation.sandbox_init --uid U --staging DIR --disk-bytes B
-         --disk-inodes I --limit NAME=VALUE... --keep COURSE_PATH... -- COMMAND...
+         --disk-inodes I --limit NAME=VALUE... --keep COURSE_PATH... [--fonts DIR] -- COMMAND...
 """
 from __future__ import annotations
 
@@ -101,6 +102,21 @@ def copy_in(staging: Path, uid: int) -> None:
     unmount(str(staging))
 
 
+def seed_matplotlib(fonts: str, uid: int) -> None:
+    """matplotlib's font lists in `fonts` (a read-only course path) into $MPLCONFIGDIR (on the
+    writable tmpfs), owned by the student: their matplotlib finds its cache instead of scanning."""
+    config = os.environ.get("MPLCONFIGDIR")
+    if not config or not os.path.isdir(fonts):
+        return
+    os.makedirs(config, mode=0o700, exist_ok=True)   # on the fresh tmpfs: nothing of the student's is there yet
+    for name in os.listdir(fonts):
+        src = os.path.join(fonts, name)
+        if name.startswith("fontlist-") and name.endswith(".json") and stat.S_ISREG(os.lstat(src).st_mode):
+            shutil.copyfile(src, os.path.join(config, name), follow_symlinks=False)
+            os.chown(os.path.join(config, name), uid, uid)
+    os.chown(config, uid, uid)   # last: root here cannot write into a folder it no longer owns
+
+
 def drop_privileges(uid: int) -> None:
     for cap in range(64):
         if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:  # EINVAL: no such cap
@@ -120,6 +136,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--disk-inodes", type=int, required=True)
     parser.add_argument("--limit", action="append", default=[])
     parser.add_argument("--keep", action="append", default=[])
+    parser.add_argument("--fonts", default="")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -132,6 +149,8 @@ def main(argv: list[str]) -> None:
 
     writable_disk(args.uid, args.disk_bytes, args.disk_inodes, args.keep)
     copy_in(Path(args.staging), args.uid)
+    if args.fonts:
+        seed_matplotlib(args.fonts, args.uid)
     for item in args.limit:
         name, value = item.split("=")
         resource.setrlimit(LIMITS[name], (int(value), int(value)))

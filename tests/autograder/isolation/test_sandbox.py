@@ -148,3 +148,32 @@ def test_loopback_traffic_in_the_notebook_counts_this_machines_loopback():
     with checks.loopback_traffic() as wire:
         exec(SEND + "assert send_over_loopback(1000) == 1000", {})
     assert wire.sent >= 1000
+
+
+FONT_LISTS = '''
+def font_lists():
+    import os
+    import matplotlib.font_manager as fm
+    folder = os.environ["MPLCONFIGDIR"]
+    mine = os.path.join(folder, f"fontlist-v{fm.FontManager.__version__}.json")
+    cached = fm.json_load(mine)
+    scanned = fm.FontManager()   # what this sandbox finds when it scans its fonts itself
+    names = lambda m: sorted(f.fname for f in m.ttflist + m.afmlist)
+    return {"cached": names(cached), "scanned": names(scanned), "writable": os.access(mine, os.W_OK),
+            "usable": getattr(cached, "_version", None) == fm.FontManager.__version__}
+'''
+
+
+@pytest.mark.skipif(not namespaces_available(), reason="bwrap sandbox unavailable: the font list is a sandbox's")
+def test_a_sandbox_starts_with_the_font_list_it_would_have_scanned(session):
+    """`make setup` makes matplotlib's font list once (autograder.isolation.font_cache) and every
+    sandbox starts with a copy of its own, so none scans the fonts again; it lists exactly the
+    fonts the sandbox finds (as matplotlib would use it: same version), and the student may rewrite it."""
+    from autograder.isolation import font_cache
+    from tests.support import not_run
+    if font_cache.cache_dir() is None:
+        not_run(f"SANDBOX FONT LIST NOT RUN: no font list in {font_cache.CACHE} (`make setup` makes it)")
+    assert session.request("exec", "cell", source=FONT_LISTS) is None
+    got = RemoteObject(session, "font_lists", "font_lists")()
+    assert got["usable"] and got["writable"], got
+    assert got["cached"] == got["scanned"] and got["cached"], (got["cached"], got["scanned"])
