@@ -19,6 +19,12 @@ prompts and tunes in SPM order instead (fim_tune: suffix first, the middle conti
 adapters under runs/humaneval_fim_spm). Each SmolLM2 row
 also gets its loss on the same --heldout FIM lines cut from held-out stdlib modules. No
 HumanEval text is in the training corpus (fim_tune.leaked_problems, checked before training).
+--fim-indented tunes on lines inside indented blocks only (fim_tune.line_cuts; adapters under
+..._indented), --fim-in-block decodes the FIM rows' lines from indentation on
+(completers.smollm2_fim_completer), and --val-lines N gives each SmolLM2 row its greedy exact
+match on N held-out stdlib lines: the validation split on which budgets and settings are chosen,
+never HumanEval. --shard K/N runs every N-th task from the K-th (N processes on N cores; their
+counts add up to the whole).
 The brief's aim is 85% ("generated code passes 85% of the time"). Run on all tasks (the default)
 for the README's figures; --infill N / --functions N draw a seeded random sample of that size,
 the same tasks for every model, and the table says so, with a 95% interval (Wilson) for each
@@ -26,7 +32,8 @@ rate. --dump FILE writes every line each model wrote, with the truth and the ver
 
     python benchmarks/humaneval_passk.py [--models ngram,scratch,smollm2,smollm2-psm,smollm2-fim]
                                          [--fim-steps 100,300] [--fim-order psm|spm] [--infill N]
-                                         [--functions N] [--heldout 16]
+                                         [--functions N] [--heldout 16] [--shard K/N]
+                                         [--fim-indented] [--fim-in-block] [--val-lines 16]
                                          [--threads T] [--dump lines.json]
 """
 from __future__ import annotations
@@ -67,8 +74,9 @@ SCRATCH = dict(n_train_files=40, n_val_files=4, vocab_size=1024, block_size=128,
 
 def build_models(names: list[str], device: str, checkpoint: str | None, steps: int, fim_steps: list[int],
                  fim_dir: str, heldout: int = 16, fim_keep: int | None = None, order: str = "psm",
-                 nonblank: bool = False) -> dict:
-    """{row name: (completer, {"steps", "loss": held-out FIM loss, and the adapter's training.json})}."""
+                 nonblank: bool = False, indented: bool = False, val_lines: int = 0, in_block: bool = False) -> dict:
+    """{row name: (completer, {"steps", "loss": held-out FIM loss, "val": held-out stdlib lines
+    written exactly (val_lines of them), and the adapter's training.json})}."""
     models, bpe_data = {}, None
     if "scratch" in names or "ngram" in names:
         if checkpoint:
@@ -99,7 +107,7 @@ def build_models(names: list[str], device: str, checkpoint: str | None, steps: i
         if "scratch" in names:
             models["p01 model (scratch)"] = (bpe_completer(scratch, bpe), {})
     if any(n.startswith("smollm2") for n in names):
-        from camplib.codegen.fim_tune import heldout_fim_loss
+        from camplib.codegen.fim_tune import heldout_fim_loss, validation_cuts
         from camplib.gguf import load_gguf_llama, read_gguf, smollm2_path, tokenizer_from_gguf
         f = read_gguf(smollm2_path())
         tokenizer = tokenizer_from_gguf(f)
@@ -113,27 +121,42 @@ def build_models(names: list[str], device: str, checkpoint: str | None, steps: i
             print(f"  held-out FIM loss {loss:.3f} ({heldout} lines of {len(held_out)} held-out chunks, "
                   f"{time.perf_counter() - start:.0f} s)", flush=True)
             return f"{loss:.2f}"
+
+        def val(complete) -> str:   # validation: greedy lines on held-out stdlib lines, never HumanEval
+            if not val_lines:
+                return "-"
+            start, cuts = time.perf_counter(), validation_cuts(held_out, val_lines)
+            wrote = complete_many(complete, [(p, s) for p, _, s in cuts], line=True, max_new_tokens=48)
+            exact = sum(w.strip() == m.strip() for w, (_, m, _) in zip(wrote, cuts))
+            col0 = sum(not w[:1].isspace() for w in wrote)
+            print(f"  validation: {exact}/{val_lines} held-out stdlib lines (indented) written exactly, {col0} at "
+                  f"column 0 or empty ({time.perf_counter() - start:.0f} s)", flush=True)
+            return f"{exact}/{val_lines}"
         base = load_gguf_llama(f, device=device) if {"smollm2", "smollm2-psm"} & set(names) else None
         base_loss = held(base) if "smollm2-psm" in names else "-"
         if "smollm2" in names:
             l2r = f"{l2r_line_loss(base, tokenizer, held_out, heldout, FIM['max_tokens']):.2f} (L2R)" if heldout else "-"
+            complete = smollm2_completer(base, tokenizer)
             models["SmolLM2-135M-Instruct as shipped, left to right (prefix only)"] = (
-                smollm2_completer(base, tokenizer), {"steps": 0, "loss": l2r})
-        nb = ", non-blank decoding" if nonblank else ""
+                complete, {"steps": 0, "loss": l2r, "val": val(complete)})
+        nb = ", in-block decoding" if in_block else ", non-blank decoding" if nonblank else ""
         if "smollm2-psm" in names:   # the tuned rows' prompt, untuned: do the sentinels alone help it?
+            complete = smollm2_fim_completer(base, tokenizer, order=order, nonblank=nonblank, in_block=in_block)
             models[f"SmolLM2-135M-Instruct as shipped, FIM prompt ({order.upper()}, <jupyter_*> sentinels{nb})"] = (
-                smollm2_fim_completer(base, tokenizer, order=order, nonblank=nonblank), {"steps": 0, "loss": base_loss})
+                complete, {"steps": 0, "loss": base_loss, "val": val(complete)})
         if "smollm2-fim" in names:
             for budget, adapter in fim_adapters(fim_steps, fim_dir, device, lambda: load_gguf_llama(f, device=device),
-                                                tokenizer, order).items():
+                                                tokenizer, order, indented).items():
                 model = load_gguf_llama(f, device=device)
                 load_adapter(model, adapter)
                 record = Path(adapter) / "training.json"
                 info = json.loads(record.read_text()) if record.is_file() else {}
                 cut = f", prompts cut to {fim_keep} tokens" if fim_keep else ""
-                models[f"SmolLM2 + FIM LoRA ({order.upper()}{nb}), {budget} steps{cut}"] = (
-                    smollm2_fim_completer(model.eval(), tokenizer, keep=fim_keep, order=order, nonblank=nonblank),
-                                                                 {**info, "steps": budget, "loss": held(model)})
+                ind = ", indented lines" if indented else ""
+                complete = smollm2_fim_completer(model.eval(), tokenizer, keep=fim_keep, order=order, nonblank=nonblank,
+                                                 in_block=in_block)
+                models[f"SmolLM2 + FIM LoRA ({order.upper()}{ind}{nb}), {budget} steps{cut}"] = (
+                    complete, {**info, "steps": budget, "loss": held(model), "val": val(complete)})
     return models
 
 
@@ -162,10 +185,10 @@ def l2r_line_loss(model, tokenizer, texts, n: int, max_tokens: int) -> float:
 
 
 def fim_adapters(budgets: list[int], out_dir: str, device: str, load_base, tokenizer,
-                 order: str = "psm") -> dict[int, Path]:
+                 order: str = "psm", indented: bool = False) -> dict[int, Path]:
     """{budget: adapter folder}: the saved ones of a run with the same settings, else one run of
     camplib.codegen.fim_tune.tune_fim to the largest budget, saving each."""
-    settings = {**FIM, "order": order}
+    settings = {**FIM, "order": order, "indented": indented}
     from camplib.codegen.fim_tune import leaked_problems, saved_adapter, tune_fim
     corpus = load_corpus(**FIM_CORPUS)
     leaked = leaked_problems(corpus.train, load_problems())
@@ -208,6 +231,7 @@ def main() -> None:
     ap.add_argument("--infill", type=int, default=None, help="random sample of single-line tasks (default: all 1,033)")
     ap.add_argument("--functions", type=int, default=None, help="random sample of problems (default: all 164)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shard", default=None, help="K/N: every N-th task from the K-th (N processes, counts summed)")
     ap.add_argument("--checkpoint", default=None, help="a p01 serving checkpoint (p01_out/code_model.pt)")
     ap.add_argument("--threads", type=int, default=max(1, min(4, os.cpu_count() or 1)), help="torch threads")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="programs run at a time")
@@ -218,8 +242,15 @@ def main() -> None:
                     help="FIM prompt order of the smollm2-psm and smollm2-fim rows (camplib.codegen.fim_tune)")
     ap.add_argument("--fim-nonblank", action="store_true",
                     help="FIM rows: a line may not end before it has non-blank text (completers.smollm2_fim_completer)")
+    ap.add_argument("--fim-in-block", action="store_true",
+                    help="FIM rows: non-blank, and a line starts with indentation (completers.smollm2_fim_completer)")
+    ap.add_argument("--fim-indented", action="store_true",
+                    help="FIM LoRA: mask only lines inside indented blocks, as HumanEval's (fim_tune.line_cuts)")
+    ap.add_argument("--val-lines", type=int, default=0,
+                    help="each SmolLM2 row: greedy lines on this many held-out stdlib lines (the validation split)")
     ap.add_argument("--fim-dir", default=None,
-                    help="where the FIM adapters are saved / reused (default runs/humaneval_fim, _spm for SPM)")
+                    help="where the FIM adapters are saved / reused (default runs/humaneval_fim, _spm for SPM, "
+                         "_indented for --fim-indented)")
     ap.add_argument("--heldout", type=int, default=16, help="held-out stdlib FIM lines for each SmolLM2 row's loss (0: skip)")
     ap.add_argument("--fim-keep", type=int, default=None,
                     help="cut the tuned rows' prompts to this many ids of prefix + suffix (training cuts to max_tokens - the line)")
@@ -233,6 +264,10 @@ def main() -> None:
     infill = sample_tasks(infilling_tasks(problems), args.infill, args.seed)
     functions = sample_tasks(problems, args.functions, args.seed)
     sampled = len(infill) < 1033 or len(functions) < 164
+    if args.shard:   # the same tasks, split between processes: sum their counts
+        k, n = map(int, args.shard.split("/"))
+        infill, functions = infill[k::n], functions[k::n]
+        print(f"SHARD {k}/{n}: every {n}-th task from the {k}-th of those below (counts of all shards add up)")
     print(f"HumanEval: {len(functions)} of 164 problems (function completion), {len(infill)} of 1,033 single-line "
           f"infilling tasks ({'a seeded random SAMPLE, seed ' + str(args.seed) + ', the same tasks for every model' if sampled else 'all'}); "
           f"programs run in isolation '{isolation()}'; device {device}, {torch.get_num_threads()} threads, "
@@ -240,8 +275,10 @@ def main() -> None:
     start_all = time.perf_counter()
     models = build_models(args.models.split(","), device, args.checkpoint, args.scratch_steps,
                           [int(x) for x in args.fim_steps.split(",") if x],
-                          args.fim_dir or "runs/humaneval_fim" + ("_spm" if args.fim_order == "spm" else ""),
-                          args.heldout, args.fim_keep, args.fim_order, args.fim_nonblank)
+                          args.fim_dir or "runs/humaneval_fim" + ("_spm" if args.fim_order == "spm" else "")
+                          + ("_indented" if args.fim_indented else ""),
+                          args.heldout, args.fim_keep, args.fim_order, args.fim_nonblank, args.fim_indented,
+                          args.val_lines, args.fim_in_block)
     rows = []
     dump = []
     for name, (complete, info) in models.items():
@@ -262,12 +299,13 @@ def main() -> None:
     if args.dump:
         Path(args.dump).write_text(json.dumps(dump, indent=1))
         print(f"each line written, per model: {args.dump}")
-    print(f"\n| model | FIM LoRA steps | training CPU s (wall s) | held-out FIM loss | single-line infilling pass@1 "
-          f"({len(infill)} of 1,033 tasks) | function completion pass@1 ({len(functions)} of 164 problems) | "
-          f"seconds (infill + functions) |\n|---|---|---|---|---|---|---|")
+    print(f"\n| model | FIM LoRA steps | training CPU s (wall s) | held-out FIM loss | validation lines exact | "
+          f"single-line infilling pass@1 ({len(infill)} of 1,033 tasks) | function completion pass@1 "
+          f"({len(functions)} of 164 problems) | seconds (infill + functions) |\n|---|---|---|---|---|---|---|---|")
     for name, a, b, ta, tb, info in rows:
         trained = f"{info['cpu_seconds']:.0f} ({info['seconds']:.0f})" if "cpu_seconds" in info else "-"
-        print(f"| {name} | {info.get('steps', '-')} | {trained} | {info.get('loss', '-')} | {rate(a)} | {rate(b)} | "
+        print(f"| {name} | {info.get('steps', '-')} | {trained} | {info.get('loss', '-')} | {info.get('val', '-')} | "
+              f"{rate(a)} | {rate(b)} | "
               f"{ta:.0f} + {tb:.0f} |")
     print(f"\n{'SAMPLE: ' if sampled else ''}greedy pass@1, [95% Wilson interval]; brief's aim: 85% (\"generated code "
           f"passes 85% of the time\"); whole run {time.perf_counter() - start_all:.0f} s on {os.cpu_count()} cores "

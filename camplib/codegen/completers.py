@@ -57,16 +57,27 @@ def _heal(prefix: str) -> tuple[str, Callable[[str], str]]:
     return prefix[:-1], lambda text: text[1:] if text.startswith("\n") else text
 
 
-def _nonblank_hook(width: int, decoders: list, stop_ids: set[int], newline_ids: list[int]):
+def _nonblank_hook(width: int, decoders: list, stop_ids: set[int], newline_ids: list[int],
+                   indent_ids: list[int] | None = None):
     """generate's logits_hook for line mode: while a row's text is blank, it may neither stop
     (stop_ids) nor write a token that ends the line (one of newline_ids whose text, after the
-    row's decoder, holds a newline: a healed newline first is allowed)."""
+    row's decoder, holds a newline: a healed newline first is allowed). With indent_ids (the
+    whitespace-only tokens), while a row's text is empty it may only write one of them that
+    gives it indentation (whitespace, no newline): the line is inside a block."""
     stops = sorted(stop_ids)
 
     def hook(idx: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         logits = logits.clone()
         for b, (new, dec) in enumerate(zip(idx[:, width:].tolist(), decoders)):
-            if dec(new).strip():
+            text = dec(new)
+            if indent_ids is not None and not text:
+                allowed = [t for t in indent_ids if dec(new + [t]).isspace() and "\n" not in dec(new + [t])]
+                if allowed:
+                    keep = logits[b, allowed]
+                    logits[b] = float("-inf")
+                    logits[b, allowed] = keep
+                    continue
+            if text.strip():
                 continue
             banned = stops + [t for t in newline_ids if "\n" in dec(new + [t])]
             logits[b, banned] = float("-inf")
@@ -76,13 +87,14 @@ def _nonblank_hook(width: int, decoders: list, stop_ids: set[int], newline_ids: 
 
 def _greedy_batch(model, prompts: Sequence[tuple[list[int], Callable[[list[int]], str]]], stop_ids: set[int],
                   line: bool, max_new_tokens: int, batch_size: int = 8,
-                  newline_ids: list[int] | None = None) -> list[str]:
+                  newline_ids: list[int] | None = None, indent_ids: list[int] | None = None) -> list[str]:
     """Greedy completions of many (ids, decode) prompts, `batch_size` at a time through
     camplib.generate (KV cache; prompts of similar length together, padded on the left with an
     attention mask, so each row continues as it would alone). A batch ends once every row has
     finished (a stop id, or `finished` on its decoded text); each row's tokens are cut where it
     finished and at its first stop id, and its text at its first newline in line mode. With
-    newline_ids (line mode), a line may not end before it has non-blank text (_nonblank_hook)."""
+    newline_ids (line mode), a line may not end before it has non-blank text (_nonblank_hook), and
+    with indent_ids it starts with indentation."""
     max_new_tokens = min(max_new_tokens, model.config.max_seq_len // 2)   # a small model's window: half for the prompt
     keep = model.config.max_seq_len - max_new_tokens
     device = next(model.parameters()).device
@@ -113,7 +125,7 @@ def _greedy_batch(model, prompts: Sequence[tuple[list[int], Callable[[list[int]]
 
         padded = bool((mask == 0).any())
         with torch.no_grad():
-            hook = _nonblank_hook(width, decoders, stop_ids, newline_ids) if line and newline_ids else None
+            hook = _nonblank_hook(width, decoders, stop_ids, newline_ids, indent_ids) if line and newline_ids else None
             out = generate(model.eval(), idx.to(device), max_new_tokens, stop=stop, logits_hook=hook,
                            attention_mask=mask.to(device) if padded else None)[:, width:].tolist()
         for i, new, dec, end in zip(chosen, out, decoders, ends):
@@ -123,12 +135,13 @@ def _greedy_batch(model, prompts: Sequence[tuple[list[int], Callable[[list[int]]
 
 
 def _completer(prompt_of: Callable[[str, str | None], tuple[list[int], Callable]], model, stop_ids: set[int],
-               max_new_tokens: int, newline_ids: list[int] | None = None) -> Completer:
+               max_new_tokens: int, newline_ids: list[int] | None = None,
+               indent_ids: list[int] | None = None) -> Completer:
     """complete(prefix, suffix=None, *, line, max_new_tokens) and complete.many(items, *, line,
     max_new_tokens, batch_size) for a camplib GPT, given how to build a prompt's (ids, decode)."""
     def many(items, *, line: bool = False, max_new_tokens: int = max_new_tokens, batch_size: int = 8) -> list[str]:
         return _greedy_batch(model, [prompt_of(p, s) for p, s in items], stop_ids, line, max_new_tokens, batch_size,
-                             newline_ids)
+                             newline_ids, indent_ids)
 
     def complete(prefix: str, suffix: str | None = None, *, line: bool = False, max_new_tokens: int = max_new_tokens):
         return many([(prefix, suffix)], line=line, max_new_tokens=max_new_tokens, batch_size=1)[0]
@@ -168,7 +181,7 @@ def smollm2_completer(model, tokenizer, max_new_tokens: int = 256) -> Completer:
 
 
 def smollm2_fim_completer(model, tokenizer, max_new_tokens: int = 256, keep: int | None = None,
-                          order: str = "psm", nonblank: bool = False) -> Completer:
+                          order: str = "psm", nonblank: bool = False, in_block: bool = False) -> Completer:
     """SmolLM2 after FIM fine-tuning (camplib.codegen.fim_tune): with a suffix, the prompt is
     `<jupyter_start> prefix <jupyter_output> suffix <jupyter_code>` (fim_tune.SENTINELS, the
     format it was trained on; order="spm": fim_tune's SPM prompt, suffix first, and the prefix's
@@ -176,7 +189,9 @@ def smollm2_fim_completer(model, tokenizer, max_new_tokens: int = 256, keep: int
     middle; without one, as smollm2_completer.
     keep: at most that many ids of prefix and suffix (fim_prompt_ids' cut, as in training).
     nonblank: in line mode the line may not end (end of text, newline) before it has non-blank
-    text (every HumanEval infilling middle is a non-blank line)."""
+    text (every HumanEval infilling middle is a non-blank line).
+    in_block: nonblank, and in line mode the line starts with indentation (it is inside a block,
+    as every HumanEval infilling middle is: a function body's line)."""
     from camplib.codegen.fim_tune import fim_middle_text, fim_prompt_ids, fim_tokens
 
     stop_ids = set(fim_tokens(tokenizer)) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
@@ -188,10 +203,12 @@ def smollm2_fim_completer(model, tokenizer, max_new_tokens: int = 256, keep: int
             return fim_prompt_ids(tokenizer, prefix, suffix, keep=keep, order=order), lambda ids: middle(decode(ids))
         prompt, healed = _heal(prefix)
         return tokenizer.encode(prompt, add_special_tokens=False), lambda ids: healed(decode(ids))
-    newline_ids = None
-    if nonblank:
-        newline_ids = [t for t in range(model.config.vocab_size) if "\n" in decode([t])]
-    return _completer(prompt_of, model, stop_ids, max_new_tokens, newline_ids)
+    newline_ids = indent_ids = None
+    if nonblank or in_block:
+        texts = [decode([t]) for t in range(model.config.vocab_size)]
+        newline_ids = [t for t, x in enumerate(texts) if "\n" in x]
+        indent_ids = [t for t, x in enumerate(texts) if x.isspace()] if in_block else None
+    return _completer(prompt_of, model, stop_ids, max_new_tokens, newline_ids, indent_ids)
 
 
 def ngram_completer(ngram, bpe, max_new_tokens: int = 128) -> Completer:

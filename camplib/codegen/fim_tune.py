@@ -34,11 +34,11 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
-__all__ = ["SENTINELS", "ORDERS", "fim_prompt_ids", "fim_answer_ids", "fim_middle_text", "line_fim_example", "fim_line_examples", "leaked_problems", "lora_targets", "tune_fim",
+__all__ = ["SENTINELS", "ORDERS", "fim_prompt_ids", "fim_answer_ids", "fim_middle_text", "line_fim_example", "line_cuts", "validation_cuts", "fim_line_examples", "leaked_problems", "lora_targets", "tune_fim",
            "fim_tokens", "fim_settings", "saved_adapter", "heldout_fim_loss"]
 
 SENTINELS = ("<jupyter_start>", "<jupyter_output>", "<jupyter_code>")   # prefix, suffix, middle
@@ -104,19 +104,42 @@ def line_fim_example(text: str, line: int) -> tuple[str, str, str]:
     return "".join(l + "\n" for l in lines[:line]), lines[line], "\n".join(lines[line + 1:])
 
 
-def fim_line_examples(texts: Sequence[str], tokenizer, n: int, seed: int,
-                      max_tokens: int = 384, order: str = "psm") -> list[tuple[list[int], list[int]]]:
-    """n (ids, trained-mask) pairs: a random text, a random non-blank line of it as the middle,
-    in the SENTINELS format (`order`), cut to max_tokens (the prefix's start is dropped first,
-    then the suffix's end). The mask is 1 on fim_answer_ids: the middle, its newline and the
-    end of text (and the prefix's final newline before them in SPM order)."""
+def _maskable(line: str, indented: bool) -> bool:
+    return bool(line.strip()) and (not indented or line[:1].isspace())
+
+
+def line_cuts(texts: Sequence[str], seed: int, indented: bool = False) -> Iterator[tuple[str, str, str]]:
+    """Endless (prefix, middle, suffix) cuts (line_fim_example): a random text, a random non-blank
+    line of it as the middle. indented: only lines that start with whitespace, inside an indented
+    block, as every HumanEval infilling middle is (a function body's line); stdlib chunks also
+    hold column-0 lines (imports, `def`s, top-level code) that a body never has."""
     rng = random.Random(seed)
-    usable = [t for t in texts if any(l.strip() for l in t.split("\n"))]
+    usable = [t for t in texts if any(_maskable(l, indented) for l in t.split("\n"))]
+    while True:
+        text = rng.choice(usable)
+        line = rng.choice([i for i, l in enumerate(text.split("\n")) if _maskable(l, indented)])
+        yield line_fim_example(text, line)
+
+
+def validation_cuts(texts: Sequence[str], n: int) -> list[tuple[str, str, str]]:
+    """The first n indented line_cuts of held-out `texts` (seed 2): the validation lines on which
+    FIM budgets and settings are chosen (benchmarks/humaneval_passk.py --val-lines,
+    benchmarks/fim_first_token.py), never HumanEval."""
+    cuts = line_cuts(texts, seed=2, indented=True)
+    return [next(cuts) for _ in range(n)]
+
+
+def fim_line_examples(texts: Sequence[str], tokenizer, n: int, seed: int,
+                      max_tokens: int = 384, order: str = "psm",
+                      indented: bool = False) -> list[tuple[list[int], list[int]]]:
+    """n (ids, trained-mask) pairs: line_cuts' cuts in the SENTINELS format (`order`), cut to
+    max_tokens (the prefix's start is dropped first, then the suffix's end). The mask is 1 on
+    fim_answer_ids: the middle, its newline and the end of text (and the prefix's final newline
+    before them in SPM order)."""
+    cuts = line_cuts(texts, seed, indented)
     out = []
     while len(out) < n:
-        text = rng.choice(usable)
-        line = rng.choice([i for i, l in enumerate(text.split("\n")) if l.strip()])
-        prefix, middle, suffix = line_fim_example(text, line)
+        prefix, middle, suffix = next(cuts)
         answer = fim_answer_ids(tokenizer, prefix, middle, order)
         room = max_tokens - len(answer) - 3
         if room < 8:
@@ -189,6 +212,8 @@ def fim_settings(texts: Sequence[str], **settings) -> dict:
     digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
     if settings.get("order", "psm") == "psm":
         settings.pop("order", None)
+    if not settings.get("indented", False):   # likewise for adapters saved before `indented`
+        settings.pop("indented", None)
     return {**settings, "texts": len(texts), "texts_sha256": digest}
 
 
@@ -204,7 +229,7 @@ def saved_adapter(out_dir: str | Path, step: int, texts: Sequence[str], **settin
 
 def tune_fim(model, tokenizer, texts: Sequence[str], steps: Sequence[int], out_dir: str | Path | None = None, *,
              batch_size: int = 4, lr: float = 2e-3, r: int = 16, alpha: float = 32.0, seed: int = 0,
-             max_tokens: int = 128, top_layers: int | None = 10, order: str = "psm",
+             max_tokens: int = 128, top_layers: int | None = 10, order: str = "psm", indented: bool = False,
              log: Callable[[str], None] = print) -> dict[int, dict]:
     """LoRA-train `model` (SmolLM2 as a camplib GPT, in place) on single-line FIM examples from
     `texts` for max(steps) steps; at each budget in `steps` save the adapter (camplib.lora.save_adapter,
@@ -212,7 +237,7 @@ def tune_fim(model, tokenizer, texts: Sequence[str], steps: Sequence[int], out_d
     below). Returns {budget: {"loss": mean of the last 10 steps, "seconds": wall time so far,
     "cpu_seconds": this process's CPU time so far, "threads", "adapter": folder or None}}.
 
-    `order`: "psm" or "spm" (fim_prompt_ids). LoRA wraps every Linear of the last `top_layers` blocks (all blocks for None): the frozen
+    `order`: "psm" or "spm" (fim_prompt_ids); `indented`: mask only lines inside indented blocks (line_cuts). LoRA wraps every Linear of the last `top_layers` blocks (all blocks for None): the frozen
     blocks below need no backward pass, which on a CPU is most of the cost of a step."""
     from camplib.dialogue.masking import masked_cross_entropy, pad_batch
     from camplib.dialogue.sft import lora_sft
@@ -220,11 +245,11 @@ def tune_fim(model, tokenizer, texts: Sequence[str], steps: Sequence[int], out_d
 
     budgets = sorted(set(int(s) for s in steps))
     settings = fim_settings(texts, batch_size=batch_size, lr=lr, r=r, alpha=alpha, seed=seed, max_tokens=max_tokens,
-                            top_layers=top_layers, order=order)
+                            top_layers=top_layers, order=order, indented=indented)
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "settings.json").write_text(json.dumps({**settings, "budgets": budgets}, indent=1))
-    examples = fim_line_examples(texts, tokenizer, budgets[-1] * batch_size, seed, max_tokens, order)
+    examples = fim_line_examples(texts, tokenizer, budgets[-1] * batch_size, seed, max_tokens, order, indented)
     pad = tokenizer.convert_tokens_to_ids(EOT)
     batches = [pad_batch(examples[i:i + batch_size], pad) for i in range(0, len(examples), batch_size)]
     start, cpu_start, losses, done = time.perf_counter(), time.process_time(), [], {}

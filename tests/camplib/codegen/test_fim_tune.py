@@ -174,3 +174,47 @@ def test_nonblank_decoding_forbids_ending_a_blank_line(tokenizer):
         assert torch.isinf(out[0, eot]) and bool(torch.isinf(out[0, nl])) == bool(new), new
     out = hook(torch.tensor([[0, nl, x]]), logits.clone())
     assert torch.equal(out, logits)                                             # non-blank: untouched
+
+
+def test_indented_examples_mask_only_lines_inside_blocks(tokenizer):
+    """indented=True (the fix for tuned adapters that wrote column-0 lines in function bodies):
+    every masked line starts with whitespace, as HumanEval's infilling middles do; the default
+    also masks column-0 lines, and an adapter's settings record `indented` only when it is on."""
+    from camplib.codegen.fim_tune import fim_settings, line_cuts
+    text = "import os\n\ndef f(x):\n    y = x + 1\n\n    return y * 2\nprint(f(1))\n"
+    texts = [text, "x = 1\ny = 2\n"]   # a text with no indented line is never drawn
+    decoded = lambda ids, mask: tokenizer.decode([i for i, m in zip(ids, mask) if m][:-1])[:-1]  # noqa: E731
+    inside = {decoded(*e) for e in fim_line_examples(texts, tokenizer, 30, seed=0, max_tokens=64, indented=True)}
+    assert inside == {"    y = x + 1", "    return y * 2"}
+    anywhere = {decoded(*e) for e in fim_line_examples(texts, tokenizer, 30, seed=0, max_tokens=64)}
+    assert {"import os", "x = 1"} <= anywhere
+    cuts = line_cuts(texts, seed=1, indented=True)
+    assert all(m.startswith("    ") and p + m + "\n" + s == text for p, m, s in (next(cuts) for _ in range(10)))
+    assert "indented" not in fim_settings(texts, lr=1.0, indented=False)
+    assert fim_settings(texts, lr=1.0, indented=True)["indented"] is True
+
+
+def test_in_block_decoding_starts_the_line_with_indentation(tokenizer):
+    """completers._nonblank_hook with indent_ids (in_block): while the healed text is empty only a
+    whitespace token that indents may be chosen (not the bare newline the SPM adapters wrote, then
+    stopped: p(end | bare newline) ~1); then the non-blank rules; then untouched."""
+    import torch
+
+    from camplib.codegen.completers import _nonblank_hook
+    from camplib.codegen.fim_tune import fim_middle_text
+    eot = fim_tokens(tokenizer)[3]
+    nl, space, x = tokenizer.encode("\n") + tokenizer.encode(" ") + tokenizer.encode("x")
+    vocab = len(CharTokenizer.SPECIAL) + 128
+    texts = [tokenizer.decode([t]) for t in range(vocab)]
+    newline_ids = [t for t, s in enumerate(texts) if "\n" in s]
+    indent_ids = [t for t, s in enumerate(texts) if s.isspace()]
+    healed = lambda ids: fim_middle_text("a\n", "spm")(tokenizer.decode(ids))  # noqa: E731
+    hook = _nonblank_hook(1, [healed], {eot}, newline_ids, indent_ids)
+    logits = torch.zeros(1, vocab)
+    logits[0, eot], logits[0, nl], logits[0, x], logits[0, space] = 4.0, 3.0, 2.0, 1.0
+    out = hook(torch.tensor([[0]]), logits.clone())
+    assert int(out.argmax()) == space and int(torch.isfinite(out).sum()) == sum(
+        1 for t in indent_ids if "\n" not in texts[t]), "only an indenting token starts the line"
+    out = hook(torch.tensor([[0, space]]), logits.clone())
+    assert int(out.argmax()) == x and torch.isinf(out[0, eot]) and torch.isinf(out[0, nl])   # blank: no end
+    assert torch.equal(hook(torch.tensor([[0, space, x]]), logits.clone()), logits)          # then untouched
