@@ -164,7 +164,11 @@ PYTEST_WORKERS ?= 2
 # environment) no process wrote them, so every one compiled what it imported: each pytest worker,
 # notebook kernel and grading sandbox (~0.05 s of CPU each, hundreds of them). Under 1 s here.
 COMPILE_COURSE = $(BIN)/python -m compileall -q camplib autograder tests benchmarks
+# the Debian packages installed after `make setup` (chromium) bring fonts: a font list made before
+# them is stale (sandboxes would not use it, autograder/isolation/font_cache.py), so it is made again
+FRESH_FONTS = $(BIN)/python -m autograder.isolation.font_cache --if-stale
 test: setup browser prometheus slurm ## the whole suite: library parity, build/run/grade round trips, the browser smoke test
+	$(FRESH_FONTS)
 	$(COMPILE_COURSE)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 
