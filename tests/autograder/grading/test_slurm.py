@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+import nbformat
 import pytest
 
 from autograder.catalog import Catalog, repo_root
@@ -36,16 +37,30 @@ LAB, LAB_NAME = "b01", "b01_attention"
 SEED = 20261204
 
 
+# Each shard's second student (blank, mallory) first sleeps this long, so that the disturbance, sent
+# when the shard's first result appears, lands while its task is still grading: a task that had
+# already finished made the requeue and the kill no-ops (the requeued task was cancelled by the
+# finished run before it started again; the killed one had delivered everything), a flake seen in
+# full runs under load. Longer than the cluster's KillWait (5 s, course/slurm/slurm.conf.in): the
+# requeued task ignores SIGTERM (submitit) and is killed then.
+SECOND_STUDENT_SECONDS = 10
+
+
+def _slow(nb):
+    nb.cells.insert(0, nbformat.v4.new_code_cell(f"import time\ntime.sleep({SECOND_STUDENT_SECONDS})"))
+    return nb
+
+
 def _class(subs, target):
     """ada: the reference; blank: nothing written; carl: one wrong function; mallory: hostile,
     correct masks only if she could overwrite ada's result in `target`'s shared workspace, then
-    her process exits in the middle of the notebook."""
+    her process exits in the middle of the notebook. blank and mallory start slowly (_slow)."""
     forge = f"open({str(target / 'results' / LAB_NAME / 'ada.json')!r}, 'w').write('{{}}') or True"
     write_submission(subs, "ada", LAB, student_notebook(LAB))
-    write_submission(subs, "blank", LAB, student_notebook(LAB, solve=False))
+    write_submission(subs, "blank", LAB, _slow(student_notebook(LAB, solve=False)))
     write_submission(subs, "carl", LAB, student_notebook(LAB, {"softmax": UNSTABLE_SOFTMAX}))
-    write_submission(subs, "mallory", LAB, _cell(student_notebook(LAB, {"masks": _wrong_unless(forge)}),
-                                                 "masks", "import os\nos._exit(3)"))
+    write_submission(subs, "mallory", LAB, _slow(_cell(student_notebook(LAB, {"masks": _wrong_unless(forge)}),
+                                                       "masks", "import os\nos._exit(3)")))
 
 
 class Disturber(threading.Thread):
