@@ -21,7 +21,8 @@ also gets its loss on the same --heldout FIM lines cut from held-out stdlib modu
 HumanEval text is in the training corpus (fim_tune.leaked_problems, checked before training).
 --fim-indented tunes on lines inside indented blocks only (fim_tune.line_cuts; adapters under
 ..._indented), --fim-in-block decodes the FIM rows' lines from indentation on
-(completers.smollm2_fim_completer), and --val-lines N gives each SmolLM2 row its greedy exact
+(completers.smollm2_fim_completer), --fim-end eot trains answers that end with the end of text
+right after the line (fim_tune.ENDS; adapters under ..._eot), and --val-lines N gives each SmolLM2 row its greedy exact
 match on N held-out stdlib lines: the validation split on which budgets and settings are chosen,
 never HumanEval. --shard K/N runs every N-th task from the K-th (N processes on N cores; their
 counts add up to the whole).
@@ -33,7 +34,7 @@ rate. --dump FILE writes every line each model wrote, with the truth and the ver
     python benchmarks/humaneval_passk.py [--models ngram,scratch,smollm2,smollm2-psm,smollm2-fim]
                                          [--fim-steps 100,300] [--fim-order psm|spm] [--infill N]
                                          [--functions N] [--heldout 16] [--shard K/N]
-                                         [--fim-indented] [--fim-in-block] [--val-lines 16]
+                                         [--fim-indented] [--fim-in-block] [--fim-end eot] [--val-lines 16]
                                          [--threads T] [--dump lines.json]
 """
 from __future__ import annotations
@@ -74,7 +75,8 @@ SCRATCH = dict(n_train_files=40, n_val_files=4, vocab_size=1024, block_size=128,
 
 def build_models(names: list[str], device: str, checkpoint: str | None, steps: int, fim_steps: list[int],
                  fim_dir: str, heldout: int = 16, fim_keep: int | None = None, order: str = "psm",
-                 nonblank: bool = False, indented: bool = False, val_lines: int = 0, in_block: bool = False) -> dict:
+                 nonblank: bool = False, indented: bool = False, val_lines: int = 0, in_block: bool = False,
+                 end: str = "newline") -> dict:
     """{row name: (completer, {"steps", "loss": held-out FIM loss, "val": held-out stdlib lines
     written exactly (val_lines of them), and the adapter's training.json})}."""
     models, bpe_data = {}, None
@@ -117,7 +119,8 @@ def build_models(names: list[str], device: str, checkpoint: str | None, steps: i
             if not heldout:
                 return "-"
             start = time.perf_counter()
-            loss = heldout_fim_loss(model, tokenizer, held_out, n=heldout, max_tokens=FIM["max_tokens"], order=order)
+            loss = heldout_fim_loss(model, tokenizer, held_out, n=heldout, max_tokens=FIM["max_tokens"], order=order,
+                                    end=end)
             print(f"  held-out FIM loss {loss:.3f} ({heldout} lines of {len(held_out)} held-out chunks, "
                   f"{time.perf_counter() - start:.0f} s)", flush=True)
             return f"{loss:.2f}"
@@ -146,13 +149,13 @@ def build_models(names: list[str], device: str, checkpoint: str | None, steps: i
                 complete, {"steps": 0, "loss": base_loss, "val": val(complete)})
         if "smollm2-fim" in names:
             for budget, adapter in fim_adapters(fim_steps, fim_dir, device, lambda: load_gguf_llama(f, device=device),
-                                                tokenizer, order, indented).items():
+                                                tokenizer, order, indented, end).items():
                 model = load_gguf_llama(f, device=device)
                 load_adapter(model, adapter)
                 record = Path(adapter) / "training.json"
                 info = json.loads(record.read_text()) if record.is_file() else {}
                 cut = f", prompts cut to {fim_keep} tokens" if fim_keep else ""
-                ind = ", indented lines" if indented else ""
+                ind = (", indented lines" if indented else "") + (", answers end at the end of text" if end == "eot" else "")
                 complete = smollm2_fim_completer(model.eval(), tokenizer, keep=fim_keep, order=order, nonblank=nonblank,
                                                  in_block=in_block)
                 models[f"SmolLM2 + FIM LoRA ({order.upper()}{ind}{nb}), {budget} steps{cut}"] = (
@@ -185,10 +188,10 @@ def l2r_line_loss(model, tokenizer, texts, n: int, max_tokens: int) -> float:
 
 
 def fim_adapters(budgets: list[int], out_dir: str, device: str, load_base, tokenizer,
-                 order: str = "psm", indented: bool = False) -> dict[int, Path]:
+                 order: str = "psm", indented: bool = False, end: str = "newline") -> dict[int, Path]:
     """{budget: adapter folder}: the saved ones of a run with the same settings, else one run of
     camplib.codegen.fim_tune.tune_fim to the largest budget, saving each."""
-    settings = {**FIM, "order": order, "indented": indented}
+    settings = {**FIM, "order": order, "indented": indented, "end": end}
     from camplib.codegen.fim_tune import leaked_problems, saved_adapter, tune_fim
     corpus = load_corpus(**FIM_CORPUS)
     leaked = leaked_problems(corpus.train, load_problems())
@@ -246,6 +249,9 @@ def main() -> None:
                     help="FIM rows: non-blank, and a line starts with indentation (completers.smollm2_fim_completer)")
     ap.add_argument("--fim-indented", action="store_true",
                     help="FIM LoRA: mask only lines inside indented blocks, as HumanEval's (fim_tune.line_cuts)")
+    ap.add_argument("--fim-end", default="newline", choices=["newline", "eot"],
+                    help="FIM LoRA: how a trained answer ends, the line then a newline then the end of text, or "
+                         "the end of text right after the line (fim_tune.ENDS)")
     ap.add_argument("--val-lines", type=int, default=0,
                     help="each SmolLM2 row: greedy lines on this many held-out stdlib lines (the validation split)")
     ap.add_argument("--fim-dir", default=None,
@@ -276,9 +282,9 @@ def main() -> None:
     models = build_models(args.models.split(","), device, args.checkpoint, args.scratch_steps,
                           [int(x) for x in args.fim_steps.split(",") if x],
                           args.fim_dir or "runs/humaneval_fim" + ("_spm" if args.fim_order == "spm" else "")
-                          + ("_indented" if args.fim_indented else ""),
+                          + ("_indented" if args.fim_indented else "") + ("_eot" if args.fim_end == "eot" else ""),
                           args.heldout, args.fim_keep, args.fim_order, args.fim_nonblank, args.fim_indented,
-                          args.val_lines, args.fim_in_block)
+                          args.val_lines, args.fim_in_block, args.fim_end)
     rows = []
     dump = []
     for name, (complete, info) in models.items():

@@ -14,7 +14,8 @@ random as the middle,
     <jupyter_start> lines before <jupyter_output> lines after <jupyter_code> the line \\n <|endoftext|>
 
 and the loss only on `the line \\n <|endoftext|>` (camplib.dialogue.masking.masked_cross_entropy),
-so the model learns to write the missing line, end it, and stop. That is PSM order (prefix, suffix,
+so the model learns to write the missing line, end it, and stop (`end="eot"`: the end of text
+right after the line, no newline: see ENDS). That is PSM order (prefix, suffix,
 middle); `order="spm"` is the FIM paper's SPM variant (Bavarian et al. 2022, section 3: suffix
 first, then the prefix, the middle continuing the prefix's text),
 
@@ -38,7 +39,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-__all__ = ["SENTINELS", "ORDERS", "fim_prompt_ids", "fim_answer_ids", "fim_middle_text", "line_fim_example", "line_cuts", "validation_cuts", "fim_line_examples", "leaked_problems", "lora_targets", "tune_fim",
+__all__ = ["SENTINELS", "ORDERS", "ENDS", "fim_prompt_ids", "fim_answer_ids", "fim_middle_text", "line_fim_example", "line_cuts", "validation_cuts", "fim_line_examples", "leaked_problems", "lora_targets", "tune_fim",
            "fim_tokens", "fim_settings", "saved_adapter", "heldout_fim_loss"]
 
 SENTINELS = ("<jupyter_start>", "<jupyter_output>", "<jupyter_code>")   # prefix, suffix, middle
@@ -55,6 +56,12 @@ def fim_tokens(tokenizer) -> tuple[int, int, int, int]:
 
 
 ORDERS = ("psm", "spm")
+# How a trained answer ends. "newline": the line, "\n", the end of text. "eot": the line, the end of
+# text. In SPM order with "newline", a bare "\n" token (SmolLM2's BPE writes "\n" with the next line's
+# indentation as one token, so a bare one is rare) is only ever the answer's last token, always
+# followed by the end of text: the adapters learned "bare newline, then stop" and, at the end of the
+# prefix, began with that bare newline and stopped, writing empty lines (benchmarks/fim_first_token.py).
+ENDS = ("newline", "eot")
 
 
 def _healed(prefix: str, order: str) -> bool:
@@ -79,10 +86,12 @@ def fim_prompt_ids(tokenizer, prefix: str, suffix: str, keep: int | None = None,
     return [pre, *p, suf, *s, mid] if order == "psm" else [pre, suf, *s, mid, *p]
 
 
-def fim_answer_ids(tokenizer, prefix: str, middle: str, order: str = "psm") -> list[int]:
-    """The trained tokens after fim_prompt_ids: the middle, its newline and the end of text,
-    after the prefix's final newline in SPM order."""
-    text = ("\n" if _healed(prefix, order) else "") + middle + "\n"
+def fim_answer_ids(tokenizer, prefix: str, middle: str, order: str = "psm", end: str = "newline") -> list[int]:
+    """The trained tokens after fim_prompt_ids: the middle, its newline (end="newline"; none for
+    "eot", ENDS) and the end of text, after the prefix's final newline in SPM order."""
+    if end not in ENDS:
+        raise ValueError(f"end must be one of {ENDS}, not {end!r}")
+    text = ("\n" if _healed(prefix, order) else "") + middle + ("\n" if end == "newline" else "")
     return tokenizer.encode(text, add_special_tokens=False) + [fim_tokens(tokenizer)[3]]
 
 
@@ -131,16 +140,16 @@ def validation_cuts(texts: Sequence[str], n: int) -> list[tuple[str, str, str]]:
 
 def fim_line_examples(texts: Sequence[str], tokenizer, n: int, seed: int,
                       max_tokens: int = 384, order: str = "psm",
-                      indented: bool = False) -> list[tuple[list[int], list[int]]]:
+                      indented: bool = False, end: str = "newline") -> list[tuple[list[int], list[int]]]:
     """n (ids, trained-mask) pairs: line_cuts' cuts in the SENTINELS format (`order`), cut to
     max_tokens (the prefix's start is dropped first, then the suffix's end). The mask is 1 on
-    fim_answer_ids: the middle, its newline and the end of text (and the prefix's final newline
-    before them in SPM order)."""
+    fim_answer_ids: the middle, its newline (`end`) and the end of text (and the prefix's final
+    newline before them in SPM order)."""
     cuts = line_cuts(texts, seed, indented)
     out = []
     while len(out) < n:
         prefix, middle, suffix = next(cuts)
-        answer = fim_answer_ids(tokenizer, prefix, middle, order)
+        answer = fim_answer_ids(tokenizer, prefix, middle, order, end)
         room = max_tokens - len(answer) - 3
         if room < 8:
             continue
@@ -150,14 +159,14 @@ def fim_line_examples(texts: Sequence[str], tokenizer, n: int, seed: int,
 
 
 def heldout_fim_loss(model, tokenizer, texts: Sequence[str], n: int = 16, seed: int = 1, max_tokens: int = 128,
-                     batch_size: int = 8, order: str = "psm") -> float:
+                     batch_size: int = 8, order: str = "psm", end: str = "newline") -> float:
     """Mean -log p (nats per token) of the trained tokens (the line, its newline, the end of text)
     of n fim_line_examples from `texts` (the corpus's held-out modules): the same examples for
     every model, so the shipped model and each adapter compare on one scale."""
     from camplib.dialogue.masking import IGNORE, pad_batch
     from camplib.losses import cross_entropy
 
-    examples = fim_line_examples(texts, tokenizer, n, seed, max_tokens, order)
+    examples = fim_line_examples(texts, tokenizer, n, seed, max_tokens, order, end=end)
     device = next(model.parameters()).device
     total, count = 0.0, 0
     with torch.no_grad():
@@ -214,6 +223,8 @@ def fim_settings(texts: Sequence[str], **settings) -> dict:
         settings.pop("order", None)
     if not settings.get("indented", False):   # likewise for adapters saved before `indented`
         settings.pop("indented", None)
+    if settings.get("end", "newline") == "newline":   # and before `end`
+        settings.pop("end", None)
     return {**settings, "texts": len(texts), "texts_sha256": digest}
 
 
@@ -230,14 +241,15 @@ def saved_adapter(out_dir: str | Path, step: int, texts: Sequence[str], **settin
 def tune_fim(model, tokenizer, texts: Sequence[str], steps: Sequence[int], out_dir: str | Path | None = None, *,
              batch_size: int = 4, lr: float = 2e-3, r: int = 16, alpha: float = 32.0, seed: int = 0,
              max_tokens: int = 128, top_layers: int | None = 10, order: str = "psm", indented: bool = False,
-             log: Callable[[str], None] = print) -> dict[int, dict]:
+             end: str = "newline", log: Callable[[str], None] = print) -> dict[int, dict]:
     """LoRA-train `model` (SmolLM2 as a camplib GPT, in place) on single-line FIM examples from
     `texts` for max(steps) steps; at each budget in `steps` save the adapter (camplib.lora.save_adapter,
     safetensors) under out_dir/steps_<n> when out_dir is given, with training.json (the record
     below). Returns {budget: {"loss": mean of the last 10 steps, "seconds": wall time so far,
     "cpu_seconds": this process's CPU time so far, "threads", "adapter": folder or None}}.
 
-    `order`: "psm" or "spm" (fim_prompt_ids); `indented`: mask only lines inside indented blocks (line_cuts). LoRA wraps every Linear of the last `top_layers` blocks (all blocks for None): the frozen
+    `order`: "psm" or "spm" (fim_prompt_ids); `indented`: mask only lines inside indented blocks (line_cuts);
+    `end`: how an answer ends (ENDS). LoRA wraps every Linear of the last `top_layers` blocks (all blocks for None): the frozen
     blocks below need no backward pass, which on a CPU is most of the cost of a step."""
     from camplib.dialogue.masking import masked_cross_entropy, pad_batch
     from camplib.dialogue.sft import lora_sft
@@ -245,11 +257,11 @@ def tune_fim(model, tokenizer, texts: Sequence[str], steps: Sequence[int], out_d
 
     budgets = sorted(set(int(s) for s in steps))
     settings = fim_settings(texts, batch_size=batch_size, lr=lr, r=r, alpha=alpha, seed=seed, max_tokens=max_tokens,
-                            top_layers=top_layers, order=order, indented=indented)
+                            top_layers=top_layers, order=order, indented=indented, end=end)
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "settings.json").write_text(json.dumps({**settings, "budgets": budgets}, indent=1))
-    examples = fim_line_examples(texts, tokenizer, budgets[-1] * batch_size, seed, max_tokens, order, indented)
+    examples = fim_line_examples(texts, tokenizer, budgets[-1] * batch_size, seed, max_tokens, order, indented, end)
     pad = tokenizer.convert_tokens_to_ids(EOT)
     batches = [pad_batch(examples[i:i + batch_size], pad) for i in range(0, len(examples), batch_size)]
     start, cpu_start, losses, done = time.perf_counter(), time.process_time(), [], {}

@@ -218,3 +218,27 @@ def test_in_block_decoding_starts_the_line_with_indentation(tokenizer):
     out = hook(torch.tensor([[0, space]]), logits.clone())
     assert int(out.argmax()) == x and torch.isinf(out[0, eot]) and torch.isinf(out[0, nl])   # blank: no end
     assert torch.equal(hook(torch.tensor([[0, space, x]]), logits.clone()), logits)          # then untouched
+
+
+def test_eot_answers_end_right_after_the_line(tokenizer):
+    """end="eot" (fim_tune.ENDS): the trained answer is the (healed newline and the) line, then the
+    end of text, with no newline before it, so a newline token is never the stop's cue; what the
+    completer keeps of it is still the line; the default keeps the newline; an adapter's settings
+    record `end` only when it is not the default; anything else is refused."""
+    from camplib.codegen.fim_tune import fim_answer_ids, fim_middle_text, fim_settings
+    eot = fim_tokens(tokenizer)[3]
+    text = "def f(x):\n    y = x + 1\n\n    return y * 2\n"
+    for order in ("psm", "spm"):
+        examples = fim_line_examples([text], tokenizer, 12, seed=0, max_tokens=64, order=order, indented=True, end="eot")
+        for ids, mask in examples:
+            answer = [i for i, m in zip(ids, mask) if m]
+            assert answer[-1] == eot and not tokenizer.decode(answer[:-1]).endswith("\n"), (order, answer)
+            written = fim_middle_text("a\n", order)(tokenizer.decode(answer[:-1]))   # the completer's view
+            assert written in {"    y = x + 1", "    return y * 2"}, (order, written)
+        prefix, middle = "def f(x):\n", "    y = x + 1"
+        assert fim_middle_text(prefix, order)(tokenizer.decode(fim_answer_ids(tokenizer, prefix, middle, order, "eot")[:-1])) == middle
+        assert tokenizer.decode(fim_answer_ids(tokenizer, prefix, middle, order)[:-1]).endswith(middle + "\n")
+    assert "end" not in fim_settings([text], lr=1.0, end="newline")
+    assert fim_settings([text], lr=1.0, end="eot")["end"] == "eot"
+    with pytest.raises(ValueError, match="end must be one of"):
+        fim_answer_ids(tokenizer, "a\n", "b", "spm", "stop")
