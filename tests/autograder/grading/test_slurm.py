@@ -204,7 +204,10 @@ def test_an_interrupted_run_cancels_its_tasks(tmp_path):
     out = tmp_path / "ws"
     p = subprocess.Popen([sys.executable, "-m", "autograder.cli", "grade", str(tmp_path / "subs"), "--out", str(out),
                           "--lab", LAB, "--on", "slurm", "--task-mem-gb", "2"],
-                         env={**os.environ, "SLURM_CONF": conf}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         env={**os.environ, "SLURM_CONF": conf}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         # Ctrl-C as a terminal delivers it: where this test runs in a background job (`cmd &`
+                         # in a script), SIGINT is ignored there and the CLI would inherit that and finish (rc 0)
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 180
     while not list(out.glob("slurm/*/*_submitted.pkl")) and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.2)
