@@ -22,6 +22,7 @@ also reports every torch.distributed collective it calls (autograder.grading.obs
 from __future__ import annotations
 
 import functools
+import re
 import secrets
 import threading
 
@@ -133,8 +134,7 @@ class RankPool:
             self.close()                                                  # fresh ones next time
         failed = [(r, e) for r, e in enumerate(errors) if e is not None]
         if failed:
-            r, exc = failed[0]
-            raise type(exc)(f"rank {r} of {n}: {exc}") if isinstance(exc, StudentError) else exc
+            raise _first_cause(failed, n)
         if not all(isinstance(reply, dict) and "returned" in reply for reply in replies):
             raise StudentError(f"the ranks paused a different number of times ({len(held[0])} measured): "
                                "each rank runs the same rank function")
@@ -211,6 +211,25 @@ def _ready(student, ran: list) -> None:
     student.ran = list(ran)
     student.replay()
     student.replayed = True
+
+
+# What a rank reports when another rank's failure broke the process group under it (gloo's errors,
+# a collective's timeout): not where the student's mistake is.
+_KNOCK_ON = re.compile(r"Connection (closed|reset) by peer|Broken pipe|[Tt]imed out|[Tt]imeout|"
+                       r"DistNetworkError|DistBackendError|gloo", re.IGNORECASE)
+
+
+def _first_cause(failed: list[tuple[int, Exception]], n: int) -> Exception:
+    """The error to report when ranks failed: the lowest rank whose own code failed (one that only
+    saw the group break under it comes after), with the other ranks' first lines after it, so a
+    rank that raised is never hidden behind its peer's "connection closed"."""
+    ordered = sorted(failed, key=lambda item: (bool(_KNOCK_ON.search(str(item[1]))), item[0]))
+    r, exc = ordered[0]
+    if not isinstance(exc, StudentError):
+        return exc
+    others = "; ".join(f"rank {q}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__}"
+                       for q, e in ordered[1:])
+    return type(exc)(f"rank {r} of {n}: {exc}" + (f"\n(also failed: {others})" if others else ""))
 
 
 def _side_by_side(calls: list, every: bool = False) -> list:

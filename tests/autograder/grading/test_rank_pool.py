@@ -90,6 +90,14 @@ def look_and_send(port, nbytes):
     return {"seen": seen, "processes": pythons}
 
 
+def second_rank_raises(t):
+    """Rank 1's own mistake before the sum; rank 0 waits in the sum and sees the group break."""
+    if dist.get_rank() == 1:
+        raise ValueError("rank one's own mistake")
+    dist.all_reduce(t)
+    return t
+
+
 def by_collectives(t):
     """A sum by torch's all-reduce, then a broadcast called on the backend itself (no dispatcher),
     then an all-gather and a sum through the operators' Python names (torch.ops.c10d's, the
@@ -168,6 +176,10 @@ def test_the_pool_runs_each_rank_on_its_own_input_in_its_own_sandbox(main):
         with pytest.raises(StudentError, match="rank 0 of 2.*not defined in your notebook"):
             checks.separate_ranks("camplib.dist.harness.collective_rank",
                                   RemoteObject(main.session, "missing", "missing"), inputs[:2])
+        # the rank that raised is what the student reads first, not rank 0's broken connection
+        with pytest.raises(StudentError, match=r"(?s)^rank 1 of 2: .*rank one's own mistake.*also failed: rank 0"):
+            checks.separate_ranks("camplib.dist.harness.collective_rank",
+                                  RemoteObject(main.session, "second_rank_raises", "second_rank_raises"), inputs[:2])
         assert len({student.sandbox.uid for student in main.pool.ranks}) == 3
         assert all(s.replayed and s.ran == main.ran for s in main.pool.ranks)   # the third started on demand
         assert main.pool.verdict() == ""   # no forbidden call, every rank's observer intact (collectives' canaries too)
@@ -209,3 +221,22 @@ def test_a_head_start_that_cannot_start_leaves_the_ranks_to_the_test(tmp_path):
     pool = RankPool(main, [], lambda box: _Student(box, main.deadline), _observer_failed)
     pool.prestart(2)
     assert pool.ranks == []
+
+
+def test_the_rank_whose_code_failed_is_reported_before_its_peers_broken_connections():
+    """rank_pool._first_cause: a rank that only saw the group break under it (gloo's connection
+    errors, a collective's timeout) comes after one whose own code raised, whatever their ranks;
+    among equals the lowest rank first; every other rank's first line follows; a grader-side
+    exception (not a StudentError) is raised as it is."""
+    from autograder.grading.rank_pool import _first_cause
+    broken = StudentError("join_and_run(...) raised RuntimeError: [gloo] Read error: Connection reset by peer.\n  a cell")
+    timed = StudentError("join_and_run(...) raised DistBackendError: Timed out waiting 30000ms for recv")
+    own = StudentError("join_and_run(...) raised ValueError: shapes differ\n  a cell, line 4")
+    got = str(_first_cause([(0, broken), (1, timed), (2, own)], 3))
+    assert got.startswith("rank 2 of 3: join_and_run(...) raised ValueError: shapes differ\n  a cell, line 4"), got
+    assert "also failed: rank 0: join_and_run(...) raised RuntimeError" in got and "rank 1: " in got, got
+    same = str(_first_cause([(1, StudentError("name 'f' is not defined")), (3, StudentError("name 'f' is not defined"))], 4))
+    assert same == "rank 1 of 4: name 'f' is not defined\n(also failed: rank 3: name 'f' is not defined)", same
+    assert str(_first_cause([(0, broken)], 2)).startswith("rank 0 of 2: join_and_run") and "also" not in str(_first_cause([(0, broken)], 2))
+    grader = RuntimeError("the grader's own bug")
+    assert _first_cause([(0, grader), (1, own)], 2) is grader
