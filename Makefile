@@ -68,8 +68,12 @@ REFERENCE_STAMP = $(REFERENCE_ONLY)/.$(subst ==,-,$(subst $(space),_,$(REFERENCE
 # here: each sandbox's MPLCONFIGDIR is on its fresh tmpfs, so every one that imported pyplot (a lab's
 # setup cell, in the student's process and in each rank's) scanned the fonts again, ~0.2 s of CPU
 # each, a few hundred times in `make test`. Where it cannot be made, each sandbox scans as before.
-FONT_LIST := $(VENV)/share/llm-camp/matplotlib/.made
-setup: $(STAMP) $(REFERENCE_STAMP) $(FONT_LIST)
+# Made again only when the font folders changed since (--if-stale: a check of a few ms), so `make
+# test` runs the same step again after its Debian packages (chromium) brought fonts.
+FRESH_FONTS = if $(BIN)/python -m autograder.isolation.font_cache --if-stale; then :; else \
+	  echo "WARNING: no font list for the grading sandboxes: each will scan the fonts itself (slower)"; fi
+setup: $(STAMP) $(REFERENCE_STAMP)
+	@$(FRESH_FONTS)
 
 # uv installs (parallel downloads, bytecode compiled on every core): on a fresh 2-core machine it
 # took 273 s where pip took 629 s, side by side. uv does not read pip's configuration, so the
@@ -105,10 +109,6 @@ $(REFERENCE_STAMP): $(STAMP)
 	else \
 	  echo "WARNING: could not install $(REFERENCE_WHEELS) into $(REFERENCE_ONLY): the torchao comparisons will not run"; \
 	fi
-
-$(FONT_LIST): $(STAMP)
-	if $(BIN)/python -m autograder.isolation.font_cache; then touch $@; else \
-	  echo "WARNING: no font list for the grading sandboxes: each will scan the fonts itself (slower)"; fi
 
 PY_MINOR = $(shell $(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 constraints: ## pin what .venv has now (run it after a green `make test`)
@@ -164,11 +164,8 @@ PYTEST_WORKERS ?= 2
 # environment) no process wrote them, so every one compiled what it imported: each pytest worker,
 # notebook kernel and grading sandbox (~0.05 s of CPU each, hundreds of them). Under 1 s here.
 COMPILE_COURSE = $(BIN)/python -m compileall -q camplib autograder tests benchmarks
-# the Debian packages installed after `make setup` (chromium) bring fonts: a font list made before
-# them is stale (sandboxes would not use it, autograder/isolation/font_cache.py), so it is made again
-FRESH_FONTS = $(BIN)/python -m autograder.isolation.font_cache --if-stale
 test: setup browser prometheus slurm ## the whole suite: library parity, build/run/grade round trips, the browser smoke test
-	$(FRESH_FONTS)
+	@$(FRESH_FONTS)
 	$(COMPILE_COURSE)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 

@@ -256,7 +256,7 @@ def main() -> None:
                     help="each SmolLM2 row: greedy lines on this many held-out stdlib lines (the validation split)")
     ap.add_argument("--fim-dir", default=None,
                     help="where the FIM adapters are saved / reused (default runs/humaneval_fim, _spm for SPM, "
-                         "_indented for --fim-indented)")
+                         "_indented for --fim-indented, _eot for --fim-end eot)")
     ap.add_argument("--heldout", type=int, default=16, help="held-out stdlib FIM lines for each SmolLM2 row's loss (0: skip)")
     ap.add_argument("--fim-keep", type=int, default=None,
                     help="cut the tuned rows' prompts to this many ids of prefix + suffix (training cuts to max_tokens - the line)")

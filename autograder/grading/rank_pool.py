@@ -215,7 +215,7 @@ def _ready(student, ran: list) -> None:
 
 # What a rank reports when another rank's failure broke the process group under it (gloo's errors,
 # a collective's timeout): not where the student's mistake is.
-_KNOCK_ON = re.compile(r"Connection (closed|reset) by peer|Broken pipe|[Tt]imed out|[Tt]imeout|"
+_KNOCK_ON = re.compile(r"connection (closed|reset) by peer|broken pipe|timed out|timeout|"
                        r"DistNetworkError|DistBackendError|gloo", re.IGNORECASE)
 
 

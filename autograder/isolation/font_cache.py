@@ -19,7 +19,7 @@ installs chromium after `make setup`) would be missing from every sandbox's list
 sandbox that scans finds it. So the list is used only while it is fresh: `STAMP` records a
 fingerprint of the font folders matplotlib scanned (every folder under them with its mtime,
 which a file added or removed changes), `cache_dir()` compares it with the folders as they are
-now (~1 ms) and answers None when they differ, and `make test` remakes a stale list
+now (~0.2 ms) and answers None when they differ, and `make test` remakes a stale list
 (`--if-stale`) after its installs.
 
     python -m autograder.isolation.font_cache [--if-stale]   # (re)make CACHE

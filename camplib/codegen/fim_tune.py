@@ -214,17 +214,16 @@ def lora_targets(n_layer: int, top_layers: int | None):
     return rf"blocks\.({blocks})\.(attn|mlp)\.({'|'.join(TARGETS)})"
 
 
+# settings added after adapters were saved: left out of the record at their defaults, so those still match
+UNRECORDED = {"order": "psm", "indented": False, "end": "newline"}
+
+
 def fim_settings(texts: Sequence[str], **settings) -> dict:
     """What decides a tune_fim run's adapters: its settings and a digest of its texts (a saved
-    adapter is reused only for the same ones: runs/.../settings.json). PSM order, the default,
-    is not written, so adapters saved before `order` existed still match."""
+    adapter is reused only for the same ones: runs/.../settings.json). A setting of UNRECORDED at its
+    default is not written, so adapters saved before it existed still match."""
     digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
-    if settings.get("order", "psm") == "psm":
-        settings.pop("order", None)
-    if not settings.get("indented", False):   # likewise for adapters saved before `indented`
-        settings.pop("indented", None)
-    if settings.get("end", "newline") == "newline":   # and before `end`
-        settings.pop("end", None)
+    settings = {k: v for k, v in settings.items() if k not in UNRECORDED or v != UNRECORDED[k]}
     return {**settings, "texts": len(texts), "texts_sha256": digest}
 
 
