@@ -145,3 +145,17 @@ def test_half_turn_equals_the_written_out_rotation_values_and_gradients(position
     assert_close("RoPE (half) d/dx", dx, dx_ref, **FP64)
     x = torch.randn(1, 2, 3, 4, dtype=torch.float64, generator=g, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: RotaryEmbedding(4, 8).double()(t, 2), (x,))
+
+
+def test_half_turn_without_autograd_is_the_same_rotation_and_training_keeps_the_function():
+    """Inference (no_grad: the serving engine, generation) rotates directly, without the autograd
+    Function's per-call cost; bit for bit the Function's forward. With gradients on, the Function
+    (its written-out backward) still runs."""
+    rope = RotaryEmbedding(8, 16)
+    x = torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(2))
+    cos, sin = rope.cos[:5], rope.sin[:5]
+    with torch.no_grad():
+        direct = rope.turn(x, cos, sin)
+    trained = rope.turn(x.clone().requires_grad_(), cos, sin)
+    assert type(trained.grad_fn).__name__ == "_HalfTurnBackward", f"training path: grad_fn {trained.grad_fn}"
+    assert torch.equal(direct, trained.detach()), "no-grad rotation differs from the Function's forward"

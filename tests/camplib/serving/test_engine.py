@@ -101,3 +101,19 @@ def test_bf16_model_gets_a_bf16_pool_and_reports_its_bytes():
     assert bf16.kv_usage()["pool_bytes"] == 8 * bf16.bytes_per_block
     out = bf16.generate(_prompts(lengths=(5, 9)), SamplingParams(max_tokens=6))
     assert [len(o) for o in out] == [6, 6] and bf16.blocks.blocks_in_use == 0
+
+
+def test_greedy_picks_the_first_of_tied_logits_in_every_row_layout():
+    """Greedy takes the first index among equal logits (argmax's rule, which generate follows),
+    when every row of the step gets a token and when only some do (a chunk mid-prompt)."""
+    from camplib.serving.sequence import Sequence
+
+    engine = Engine(_model("gpt2"), block_size=4, num_blocks=8, max_batch=4)
+    logits = torch.full((3, 64), -1.0)
+    logits[0, [5, 9]] = 2.0
+    logits[1, [0, 63]] = 0.5
+    logits[2, [7, 8, 40]] = 3.0
+    for done_rows, expected in [([0, 1, 2], [5, 0, 7]), ([2, 0], [7, 5])]:
+        seqs = [Sequence([1, 2], SamplingParams(max_tokens=8)) for _ in done_rows]
+        engine._sample_and_finish(list(zip(done_rows, seqs)), logits)
+        assert [s.output for s in seqs] == [[t] for t in expected], f"rows {done_rows}: {[s.output for s in seqs]}"
