@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from camplib.codegen.corpus import load_corpus  # noqa: E402
 from benchmarks.humaneval_passk import FIM_CORPUS  # noqa: E402
-from camplib.codegen.fim_tune import fim_prompt_ids, fim_tokens, validation_cuts  # noqa: E402
+from camplib.codegen.fim_tune import fim_answer_ids, fim_prompt_ids, fim_tokens, validation_cuts  # noqa: E402
 from camplib.gguf import load_gguf_llama, read_gguf, smollm2_path, tokenizer_from_gguf  # noqa: E402
 from camplib.lora import load_adapter  # noqa: E402
 
@@ -49,7 +49,7 @@ def main() -> None:
                 ids = fim_prompt_ids(tok, prefix, suffix, order="spm")
                 p = torch.softmax(model(torch.tensor([ids]))[0][0, -1].float(), -1)
                 after = torch.softmax(model(torch.tensor([ids + [bare]]))[0][0, -1].float(), -1)[eot]
-                truth = tok.encode(("\n" if prefix.endswith("\n") else "") + middle, add_special_tokens=False)[0]
+                truth = fim_answer_ids(tok, prefix, middle, order="spm", end="eot")[0]   # the trained answer's first token
                 top = torch.topk(p, 3)
                 print(f"  truth's first {tok.convert_ids_to_tokens(truth)!r} p {float(p[truth]):.2f}; top 3 "
                       + ", ".join(f"{tok.convert_ids_to_tokens(int(i))!r} {float(v):.2f}"

@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_vs_vllm import PROMPTS, export_folder  # noqa: E402  (the same prompts and weights)
+from serve_engine_step import decoding_engine  # noqa: E402  (the same engine, prompts and weights)
+from serve_vs_vllm import export_folder  # noqa: E402
 
 
 @torch.library.custom_op("campbench::kv_write", mutates_args=("pool_k", "pool_v"))
@@ -81,17 +82,9 @@ def main() -> int:
 
     import torch._inductor.config as inductor_config
 
-    from camplib.serving.engine import Engine
-    from camplib.serving.loading import load_hf
     from camplib.serving.paged_model import paged_forward
-    from camplib.serving.sequence import SamplingParams
 
-    torch.set_num_threads(1)
-    served = load_hf(str(export_folder(Path(args.folder))))
-    engine = Engine(served.model.float(), max_batch=args.batch, fast_cpu=True)
-    for p in PROMPTS[:args.batch]:
-        engine.add(served.encode(p), SamplingParams(max_tokens=200))
-    engine.step()   # the prefill
+    engine, _ = decoding_engine(str(export_folder(Path(args.folder))), args.batch)
     engine.step()
     rows = engine.scheduler.schedule()   # the next step's rows: all decoding
     batch = engine._batch(sorted(rows, key=lambda r: not engine._is_decode(*r)))

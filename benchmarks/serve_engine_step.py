@@ -27,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_vs_vllm import PROMPTS, export_folder  # noqa: E402  (the same prompts and weights)
 
 
-def one_process(folder: str, batch: int, profile: bool) -> dict:
+def decoding_engine(folder: str, batch: int):
+    """(engine, sequences): SmolLM2 fp32 from `folder` in `Engine(fast_cpu=True)` on one thread,
+    `batch` of the prompts prefilled, every sequence decoding from the next step on."""
     import torch
 
     from camplib.serving.engine import Engine
@@ -39,6 +41,11 @@ def one_process(folder: str, batch: int, profile: bool) -> dict:
     engine = Engine(served.model.float(), max_batch=batch, fast_cpu=True)
     seqs = [engine.add(served.encode(p), SamplingParams(max_tokens=200)) for p in PROMPTS[:batch]]
     engine.step()   # the prefill
+    return engine, seqs
+
+
+def one_process(folder: str, batch: int, profile: bool) -> dict:
+    engine, seqs = decoding_engine(folder, batch)
     times = []
     for _ in range(40):
         start = time.process_time()

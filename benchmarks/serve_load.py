@@ -30,10 +30,14 @@ LEVELS = (1, 4, 16, 64)
 DEMO = '{"d_model": 128, "n_layer": 2, "n_head": 4, "n_kv_head": 2, "max_seq_len": 128}'
 
 
-def start_server(max_batch: int) -> tuple[subprocess.Popen, str]:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def start_server(max_batch: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "camplib.serving", "--demo", "--demo-config", DEMO,
                              "--host", "127.0.0.1", "--port", str(port), "--max-batch", str(max_batch),
                              "--max-waiting", "1024", "--block-size", "16"],

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import level, wait_up  # noqa: E402  (the same streaming clients, percentiles and readiness wait)
+from serve_load import free_port, level, wait_up  # noqa: E402  (the same streaming clients, percentiles, readiness wait, ports)
 
 MODEL = "smollm2"
 NOT_RUN = 2
@@ -55,12 +54,6 @@ PROMPTS = [
     "Learning a new language helps you", "The heart pumps blood through", "Coffee comes from",
     "Snow is white because", "Recycling matters because", "The speed of light is about", "Libraries are places where",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def export_folder(folder: Path) -> Path:

@@ -8,6 +8,7 @@ entry, e.g. "params[rank 1]['blocks.0.attn.qkv.weight']: max |difference| = 3e-4
 from __future__ import annotations
 
 import os
+import socket
 import warnings
 from pathlib import Path
 
@@ -70,3 +71,10 @@ def not_run(message: str, ci_note: str = "", fail_under_ci: bool = True):
         pytest.fail(message + ci_note)
     warnings.warn(message, UserWarning)
     pytest.skip(message)
+
+
+def free_port() -> int:
+    """A loopback port free right now (the OS picks it), for a server or a process group a test starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -227,8 +227,7 @@ def _first_cause(failed: list[tuple[int, Exception]], n: int) -> Exception:
     r, exc = ordered[0]
     if not isinstance(exc, StudentError):
         return exc
-    others = "; ".join(f"rank {q}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__}"
-                       for q, e in ordered[1:])
+    others = "; ".join(f"rank {q}: {(str(e).strip().splitlines() or [type(e).__name__])[0][:200]}" for q, e in ordered[1:])
     return type(exc)(f"rank {r} of {n}: {exc}" + (f"\n(also failed: {others})" if others else ""))
 
 

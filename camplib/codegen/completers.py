@@ -71,7 +71,7 @@ def _nonblank_hook(width: int, decoders: list, stop_ids: set[int], newline_ids: 
         for b, (new, dec) in enumerate(zip(idx[:, width:].tolist(), decoders)):
             text = dec(new)
             if indent_ids is not None and not text:
-                allowed = [t for t in indent_ids if dec(new + [t]).isspace() and "\n" not in dec(new + [t])]
+                allowed = [t for t in indent_ids if (s := dec(new + [t])).isspace() and "\n" not in s]
                 if allowed:
                     keep = logits[b, allowed]
                     logits[b] = float("-inf")

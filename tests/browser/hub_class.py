@@ -22,8 +22,9 @@ import urllib.request
 from pathlib import Path
 
 from autograder.course import hub
+from tests.support import free_port
 
-from .lab_server import _group_alive, _kill_group, free_port
+from .lab_server import _group_alive, _kill_group
 
 STAMP = ".venv/.camp-installed"   # the Makefile's name for it: never reinstall from a test
 

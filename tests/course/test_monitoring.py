@@ -13,7 +13,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,7 @@ import pytest
 import yaml
 
 from camplib.serving.metrics import histogram_quantile, read_histograms
-from tests.support import not_run
+from tests.support import free_port, not_run
 from tests.camplib.serving.conftest import MODEL, RunningServer, served_checkpoint  # noqa: F401  (a fixture)
 
 MONITORING = Path(__file__).resolve().parents[2] / "course" / "monitoring"
@@ -41,12 +40,6 @@ def _prometheus() -> str:
         message = "PROMETHEUS TEST NOT RUN: no prometheus executable (apt-get install prometheus, or set CAMP_PROMETHEUS)"
         not_run(message, " (CI must run it: `make test` installs Debian's prometheus as root)")
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def panel_queries(dashboard: dict) -> list[tuple[str, str]]:
@@ -71,7 +64,7 @@ def test_every_dashboard_panel_returns_data_from_a_live_scrape(tmp_path, served_
         config["global"]["scrape_interval"] = "1s"
         config["scrape_configs"][0]["static_configs"] = [{"targets": [server.base.removeprefix("http://")]}]
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = _free_port()
+        port = free_port()
         prom = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
                                  f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
                                 stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"))

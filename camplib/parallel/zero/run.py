@@ -168,7 +168,7 @@ def train_zero_on_ranks(stage: int, world_size: int, model_spec: dict, data: dic
 def _optimizer_rank(rank, world_size, optimizer_cls, model_spec, data, steps, hyper, average_gradients,
                     record_history, own_rows=False):
     return run_through(_optimizer_run(rank, world_size, optimizer_cls, model_spec, data, steps, hyper, average_gradients,
-                                   record_history, own_rows))
+                                      record_history, own_rows))
 
 
 def _warm_up() -> None:

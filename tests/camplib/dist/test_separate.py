@@ -1,6 +1,5 @@
 """camplib.dist.separate.join_and_run as the grader's rank sandboxes call it: one process per
 rank, one join per run, each run on a fresh port (autograder.grading.rank_pool)."""
-import socket
 import time
 from datetime import timedelta
 
@@ -9,12 +8,7 @@ import torch.distributed as dist
 
 from camplib.dist import on_ranks
 from camplib.dist.separate import join_and_run
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support import free_port
 
 
 def _sum(t):
@@ -49,7 +43,7 @@ def _failed_join_then_a_run(rank, world_size, ports):
 def test_a_join_that_failed_half_way_leaves_the_next_run_unharmed():
     # before the fix, torch's count of groups stayed 1 on rank 1 after its failed join: it named its
     # next group "1", rank 0 "0", and both waited for the other's keys until the timeout (60 s in a02)
-    out = on_ranks(_failed_join_then_a_run, 2, [_free_port(), _free_port()], timeout=30)
+    out = on_ranks(_failed_join_then_a_run, 2, [free_port(), free_port()], timeout=30)
     assert out["first"] == ["served", "DistStoreError"], out
     assert out["second"] == [[3.0, 3.0]] * 2, out
     assert max(out["seconds"]) < 9, out   # under its 10 s timeout (~0.3 s idle): no wait for a missing key
