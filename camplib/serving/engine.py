@@ -22,6 +22,7 @@ import torch
 from camplib.generate import sample
 from camplib.serving.cpu_model import available as fast_cpu_available, for_cpu_serving
 from camplib.serving.block_manager import BlockManager
+from camplib.serving.compiled_step import CompiledDecode
 from camplib.serving.kv_pool import PagedKVPool, pool_bytes_per_block
 from camplib.serving.metrics import ServingMetrics
 from camplib.serving.paged_model import Chunk, StepBatch, paged_forward
@@ -35,7 +36,8 @@ class Engine:
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_bytes: int | None = None, max_batch: int = 32, max_waiting: int = 256,
                  max_step_tokens: int | None = None, metrics: ServingMetrics | None = None,
-                 scheduler_cls=Scheduler, block_manager_cls=BlockManager, fast_cpu: bool = False):
+                 scheduler_cls=Scheduler, block_manager_cls=BlockManager, fast_cpu: bool = False,
+                 compile_decode: bool = False):
         """The pool has num_blocks blocks; by default enough for max_batch sequences of max_seq_len
         tokens (no more can ever be in use), and at most as many as kv_cache_bytes holds.
         fast_cpu=True runs a copy of the model with weights packed for oneDNN and fewer kernels
@@ -58,6 +60,10 @@ class Engine:
                 raise ValueError(f"a KV cache of {kv_cache_bytes} bytes holds no block of {self.bytes_per_block} bytes")
         self.blocks = block_manager_cls(num_blocks, block_size)
         self.pool = PagedKVPool(cfg, num_blocks, block_size, self.dtype, self.device)
+        self.compiled = None
+        if compile_decode:
+            compiled = CompiledDecode(self.model, self.pool)
+            self.compiled = compiled if compiled.compile() else None
         self.scheduler = scheduler_cls(self.blocks, max_batch=max_batch, max_waiting=max_waiting,
                                        max_step_tokens=max_step_tokens or cfg.max_seq_len)
         self.metrics = metrics
@@ -114,7 +120,7 @@ class Engine:
             # schedule() hands out again, on this thread)
             rows = sorted(rows, key=lambda r: not self._is_decode(*r))   # decode rows first, as the batch lays them
             batch = self._batch(rows) if rows else None
-        logits = paged_forward(self.model, self.pool, batch) if rows else None
+        logits = self._forward(batch) if rows else None
         done = []
         with self.lock:
             for s, n in rows:
@@ -128,6 +134,11 @@ class Engine:
                                      bytes_per_block=self.bytes_per_block, preempted=preempted,
                                      prompt_tokens=first_prompts, generated=generated)
         return [s for _, s in done]
+
+    def _forward(self, batch: StepBatch) -> torch.Tensor:
+        """The step's logits: through the compiled graph where it has one for this step, else eager."""
+        logits = self.compiled.run(batch) if self.compiled is not None else None
+        return paged_forward(self.model, self.pool, batch) if logits is None else logits
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

@@ -112,4 +112,4 @@ def paged_forward(model, pool: PagedKVPool, batch: StepBatch) -> torch.Tensor:
             start += T
         x = x + attn.proj(torch.cat(out) if len(out) > 1 else out[0])
         x = x + block.mlp(block.ln2(x))
-    return model.lm_head(model.ln_f(x[batch.last]))
+    return model.lm_head(model.ln_f(x[batch.last] if batch.chunks else x))   # decode rows only: every token is a row's last
