@@ -35,6 +35,7 @@ import torch
 import torch._inductor.config as inductor_config
 from torch.fx.experimental import _config as fx_config
 
+from camplib.serving.kv_pool import gather_layer, write_layer
 from camplib.serving.paged_model import StepBatch, paged_forward
 
 __all__ = ["CompiledDecode"]
@@ -43,18 +44,14 @@ __all__ = ["CompiledDecode"]
 @torch.library.custom_op("camplib::kv_write", mutates_args=("pool_k", "pool_v"))
 def kv_write(pool_k: torch.Tensor, pool_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slots: torch.Tensor) -> None:
-    """PagedKVPool.write for one layer's (blocks, block_size, kv_heads, head_dim) pool, as one opaque operator."""
-    pool_k.view(-1, *pool_k.shape[-2:]).index_copy_(0, slots, k.to(pool_k.dtype))
-    pool_v.view(-1, *pool_v.shape[-2:]).index_copy_(0, slots, v.to(pool_v.dtype))
+    """kv_pool.write_layer as one opaque operator."""
+    write_layer(pool_k, pool_v, k, v, slots)
 
 
 @torch.library.custom_op("camplib::kv_gather", mutates_args=())
 def kv_gather(pool_k: torch.Tensor, pool_v: torch.Tensor, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """PagedKVPool.gather's copy for one layer: (B, W * block_size, kv_heads, head_dim) keys and values."""
-    B, W = tables.shape
-    flat = tables.reshape(-1)
-    shape = (B, W * pool_k.shape[1], *pool_k.shape[-2:])
-    return pool_k.index_select(0, flat).view(shape), pool_v.index_select(0, flat).view(shape)
+    """kv_pool.gather_layer as one opaque operator."""
+    return gather_layer(pool_k, pool_v, tables)
 
 
 @kv_gather.register_fake
