@@ -17,7 +17,11 @@ backward took ~5x as long as here; F.gelu was ~12% of GPT-2 small's training ste
 (benchmarks/train_throughput.py), this ~5%. In whole steps (old and new model alternating, median
 CPU time, 1 thread, load 10-15): the old step took 1.05-1.07x as long in GPT-2 small, 1.03x in
 medium. (Written as a chain of autograd ops instead, the sigmoid form's temporaries ate the gain:
-0.96-1.01x in a whole step.)
+0.96-1.01x in a whole step.) On a CPU whose torch kernels are AVX512 the balance turns: there,
+torch's kernel took 0.65-0.85x this Function's time on (1024, 512) and (1024, 1024), fp32 and bf16,
+forward and backward (1 thread). So the model's `gelu(x, "tanh")` takes this Function only where
+torch's CPU kernels are AVX2 (`torch.backends.cpu.get_cpu_capability()`), and torch's kernel
+elsewhere (AVX512 CPUs, CUDA); both are the same function within rounding (tested).
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["silu", "SiLU", "swiglu", "gelu", "gelu_tanh"]
+__all__ = ["silu", "SiLU", "swiglu", "gelu", "gelu_tanh", "written_tanh_gelu_is_faster"]
 
 
 class _SiLUFunction(torch.autograd.Function):
@@ -102,11 +106,22 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return _TanhGELUFunction.apply(x.to(wide)).to(x.dtype)
 
 
+def written_tanh_gelu_is_faster(device: torch.device) -> bool:
+    """Whether `gelu_tanh`'s written-out Function beats torch's tanh-GELU kernel on `device`:
+    on a CPU whose torch kernels are AVX2 (measured there ~5x), not on AVX512 (0.65-0.85x the
+    time for torch's) or CUDA (one fused kernel against several passes), nor inside torch.compile
+    (inductor fuses torch's GELU into its own kernel)."""
+    if torch.compiler.is_compiling():
+        return False
+    return device.type == "cpu" and torch.backends.cpu.get_cpu_capability() == "AVX2"
+
+
 def gelu(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
-    """The MLP's GELU: `gelu_tanh` for approximate="tanh" (GPT-2's), torch's exact erf kernel
-    (already fast) for "none"."""
+    """The MLP's GELU: for approximate="tanh" (GPT-2's) the faster of `gelu_tanh` and torch's
+    kernel on this machine (`written_tanh_gelu_is_faster`), torch's exact erf kernel (already
+    fast) for "none"."""
     if approximate == "tanh":
-        return gelu_tanh(x)
+        return gelu_tanh(x) if written_tanh_gelu_is_faster(x.device) else F.gelu(x, approximate="tanh")
     if approximate == "none":
         return F.gelu(x)
     raise ValueError(f"gelu: approximate must be 'tanh' or 'none', got {approximate!r}")

@@ -121,11 +121,24 @@ def test_gelu_tanh_gradient_is_finite_where_the_cube_overflows():
 
 
 @pytest.mark.parity
-@pytest.mark.parametrize("approximate", ["tanh", "none"])
-def test_model_mlp_equals_torch_gelu(approximate):
+@pytest.mark.parametrize("approximate, capability", [("tanh", "AVX2"), ("tanh", "AVX512"), ("none", "AVX2")])
+def test_model_mlp_equals_torch_gelu(approximate, capability, monkeypatch):
     """camplib.model's MLP (on camplib.activations.gelu) equals proj(F.gelu(fc x)): values and the
-    gradients of the input and every weight, fp64. (~0.01 s)"""
+    gradients of the input and every weight, fp64, whichever tanh kernel the CPU's kernel level
+    picks. (~0.01 s)"""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     torch.manual_seed(0)
     block = MLP(GPTConfig.gpt2_style(d_model=16, d_ff=40, gelu_approximate=approximate)).double()
     x = torch.randn(2, 5, 16, dtype=torch.float64) * 3
     _check_block_equals("MLP", block, lambda t: block.proj(F.gelu(block.fc(t), approximate=approximate)), x)
+
+
+@pytest.mark.parametrize("capability, kernel", [("AVX2", "_TanhGELUFunctionBackward"), ("AVX512", "GeluBackward0")])
+def test_tanh_gelu_takes_the_faster_kernel_for_the_cpu(capability, kernel, monkeypatch):
+    """On a CPU whose torch kernels are AVX2 the model's tanh GELU is the written-out Function (torch's
+    tanh is slow there), on AVX512 torch's kernel: the same values either way."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    x = torch.randn(4, 8, requires_grad=True)
+    y = gelu(x, "tanh")
+    assert type(y.grad_fn).__name__ == kernel, f"{capability}: the GELU ran {type(y.grad_fn).__name__}, not {kernel}"
+    check_close(f"gelu(tanh) on {capability}", y, F.gelu(x, approximate="tanh"), atol=1e-6, rtol=1e-6)
