@@ -4,8 +4,8 @@ LlamaForCausalLM, in every configuration of the default run, side by side in one
 Configurations: model family (GPT-2 style vs GPT2LMHeadModel, Llama style vs LlamaForCausalLM)
 x size (small, medium) x precision (fp32, bf16 autocast) x transformers' attention kernel
 (eager, sdpa). camplib's GPT runs with its default attention backend ("auto": torch's fused
-kernel, or b01's explicit matmuls where camplib.attention_backend measured them faster for this
-device and dtype; `--ours-attention math|sdpa` pins one). The run starts by printing the CPU it
+kernel, or explicit matmuls with torch's softmax kernel ("matmul") where camplib.attention_backend
+measured them faster for this device and dtype; `--ours-attention math|matmul|sdpa` pins one). The run starts by printing the CPU it
 ran on: torch's kernel level (get_cpu_capability), the CPU's vector / bf16 flags, and whether
 oneDNN computes bf16 natively; each configuration then prints the attention kernel "auto" chose. Both models get the
 same config and the same weights (ours is converted from the HF one), the same byte-level
@@ -301,7 +301,7 @@ def main():
                         help="default: fp32 and bf16, bf16 only where the hardware has it")
     parser.add_argument("--attn", nargs="+", default=["eager", "sdpa"], choices=["eager", "sdpa"],
                         help="transformers' attention kernel(s)")
-    parser.add_argument("--ours-attention", default="auto", choices=["auto", "math", "flash", "sdpa"])
+    parser.add_argument("--ours-attention", default="auto", choices=["auto", "math", "matmul", "flash", "sdpa"])
     parser.add_argument("--clock", default="wall", choices=["wall", "process"],
                         help="wall time, or this process's CPU time (CPU only, for shared machines)")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models' forward")

@@ -7,11 +7,13 @@ kernel by default (speed) and on this code with `GPTConfig(attention="math")`; b
 numbers (tests/camplib/test_attention_backends.py).
 Tensors follow torch's layout: (batch, heads, time, features).
 
-`attend` picks one of three backends that compute the same function: "math" (this file, the
-default of `attend` and `MultiHeadAttention`), "flash" (camplib.kernels.flash, lab a09: tiled,
-O(N) memory, key-padding masks only) and "sdpa" (torch's fused kernel, usually the fast one);
-"auto" lets `camplib.attention_backend.choose` pick "math" or "sdpa" for the tensors' device and
-dtype (measured once where it matters: bf16/fp16 on a CPU; else "sdpa"; overridable).
+`attend` picks one of four backends that compute the same function: "math" (this file, the
+default of `attend` and `MultiHeadAttention`), "matmul" (the same matmuls with torch's softmax
+kernel, as transformers' eager attention: one pass over the scores each way where b01's softmax
+takes ~6), "flash" (camplib.kernels.flash, lab a09: tiled, O(N) memory, key-padding masks only)
+and "sdpa" (torch's fused kernel, usually the fast one); "auto" lets
+`camplib.attention_backend.choose` pick "matmul" or "sdpa" for the tensors' device and dtype
+(measured once where it matters: bf16/fp16 on a CPU; else "sdpa"; overridable).
 `GPTConfig.attention` selects it for a model and defaults to "auto" (training speed); pass
 attention="math" to run the model on exactly what b01 builds.
 """
@@ -28,7 +30,7 @@ from camplib.rope import RotaryEmbedding
 __all__ = ["softmax", "scaled_dot_product_attention", "causal_mask", "KVCache", "MultiHeadAttention", "attend",
            "BACKENDS"]
 
-BACKENDS = ("math", "flash", "sdpa", "auto")
+BACKENDS = ("math", "matmul", "flash", "sdpa", "auto")
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -159,7 +161,29 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.T
             # values would reach real queries through 0 * NaN in the next layer)
             out = out.masked_fill(~attn_mask.any(dim=-1, keepdim=True), 0.0)
         return out
+    if backend == "matmul":
+        return _matmul_attention(q, k, v, attn_mask, dropout_p)
     return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p)
+
+
+def _matmul_attention(q, k, v, attn_mask, dropout_p: float) -> torch.Tensor:
+    """scaled_dot_product_attention's function on torch's softmax kernel. Blocked scores get the
+    dtype's lowest finite value instead of -inf (so a query with no key to attend to gets finite
+    weights, and finite gradients), and such a query's output is then set to zeros, as "math" gives."""
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+    lowest = torch.finfo(scores.dtype).min
+    blocked = None   # (..., T, 1): the queries with no key to attend to
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attn_mask, lowest)
+        blocked = ~attn_mask.any(dim=-1, keepdim=True)
+    elif attn_mask is not None:
+        scores = (scores + attn_mask).clamp_min(lowest)
+        blocked = torch.isneginf(attn_mask).all(dim=-1, keepdim=True)
+    weights = F.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    out = weights @ v
+    return out if blocked is None else out.masked_fill(blocked, 0.0)
 
 
 class KVCache:

@@ -9,8 +9,12 @@ CPU). Measured, forward + backward of causal attention on a 16-core AMX / AVX512
 3.4-4.2x sdpa's time, and fp32 math 2.6-5.4x. So `backend="auto"` (GPTConfig's default) asks
 `choose(device, dtype, shape)`, and the answer is per size class, not per machine:
 
+"auto" times "matmul" (the same explicit matmuls with torch's softmax kernel) rather than b01's
+"math" itself: on a 2-core AMX CPU (torch 2.13, 1 thread), b01's hand-written softmax and mask took
+~46 ms of a 131 ms Llama-medium bf16 training step in passes over the (8, 8, 128, 128) scores.
+
 1. an override wins: `prefer(backend, device_type=None, dtype=None)` in code, or the environment
-   variable CAMP_ATTENTION=math|sdpa for the whole process;
+   variable CAMP_ATTENTION=math|matmul|sdpa for the whole process;
 2. else reduced precision (bf16, fp16) on a CPU with instructions for it (AVX512-BF16 / AMX /
    AVX512-FP16, as oneDNN reports them) is measured the first time a size class is seen (the
    call's (batch, heads, queries, keys, head_dim), queries and keys rounded up to powers of two;
@@ -38,7 +42,8 @@ import torch
 __all__ = ["choose", "prefer", "choices", "measure", "forget", "native_on_cpu", "size_class", "MEASURED_DTYPES",
            "ROUNDS"]
 
-CHOICES = ("math", "sdpa")
+CHOICES = ("math", "matmul", "sdpa")   # what an override may name
+MEASURED = ("matmul", "sdpa")          # what "auto" times and picks from
 MEASURED_DTYPES = (torch.bfloat16, torch.float16)
 ROUNDS = 3
 SHAPE = (4, 4, 128, 128, 32)     # (batch, heads, queries, keys, head_dim) when `choose` is given none
@@ -94,10 +99,10 @@ def measure(device: torch.device | str, dtype: torch.dtype, shape=SHAPE, rounds:
     q, grad = (torch.randn(B, H, T, D, generator=g).to(device=device, dtype=dtype) for _ in range(2))
     k, v = (torch.randn(B, H, S, D, generator=g).to(device=device, dtype=dtype) for _ in range(2))
     cuda = torch.device(device).type == "cuda"
-    times = {b: [] for b in CHOICES}
+    times = {b: [] for b in MEASURED}
     with torch.set_grad_enabled(backward):
         for r in range(rounds + 1):                   # round 0 warms up, untimed
-            for backend in (CHOICES if r % 2 == 0 else CHOICES[::-1]):
+            for backend in (MEASURED if r % 2 == 0 else MEASURED[::-1]):
                 leaves = [t.detach().requires_grad_(backward) for t in (q, k, v)]
                 if cuda:
                     torch.cuda.synchronize()
@@ -127,7 +132,7 @@ def native_on_cpu(dtype: torch.dtype) -> bool:
 
 
 def choose(device: torch.device | str, dtype: torch.dtype, shape=SHAPE, backward: bool = True, attend=None) -> str:
-    """"math" or "sdpa" for attention of `shape` (B, H, T, S, D) on `device` in `dtype`, with or
+    """"matmul" or "sdpa" (or an override's choice) for attention of `shape` (B, H, T, S, D) on `device` in `dtype`, with or
     without its backward (see the module docstring); `attend` is what a measurement times
     (`camplib.attention.attend` passes itself)."""
     device_type = torch.device(device).type

@@ -45,7 +45,7 @@ class GPTConfig:
     bias: bool = True                # biases in every Linear and LayerNorm
     norm_eps: float = 1e-5
     dropout: float = 0.0
-    attention: str = "auto"          # "auto" (the faster of sdpa/math here: camplib.attention_backend) | "sdpa" (torch's fused kernel) | "math" (b01's, from scratch) | "flash" (a09)
+    attention: str = "auto"          # "auto" (the faster of sdpa/matmul here: camplib.attention_backend) | "sdpa" (torch's fused kernel) | "matmul" (explicit matmuls, torch's softmax) | "math" (b01's, from scratch) | "flash" (a09)
 
     def __post_init__(self):
         for field, allowed in [("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu")),

@@ -1,4 +1,4 @@
-"""camplib.attention.attend's backends ("math", "flash", "sdpa", and "auto", which picks math or sdpa:
+"""camplib.attention.attend's backends ("math", "matmul", "flash", "sdpa", and "auto", which picks matmul or sdpa:
 camplib.attention_backend) compute the same function: outputs and gradients agree, alone and inside
 camplib's GPT (GPTConfig.attention); "auto"'s choice is measured once per size class, cached and
 overridable."""
@@ -111,7 +111,7 @@ def fresh_choice(monkeypatch):
 
 
 def test_auto_measures_once_per_size_class_and_keeps_the_faster(fresh_choice, monkeypatch):
-    """With the timings replaced (math faster below 256 keys, sdpa above) on a CPU said to have bf16:
+    """With the timings replaced (matmul faster below 256 keys, sdpa above) on a CPU said to have bf16:
     each (device, dtype, size class, backward) is measured once, at its class's shape, and the
     faster kept; fp32 and CUDA are "sdpa" without measuring, and so is a CPU without bf16
     instructions. (~0 s)"""
@@ -119,21 +119,21 @@ def test_auto_measures_once_per_size_class_and_keeps_the_faster(fresh_choice, mo
 
     def fake_measure(device, dtype, shape, backward=True, attend=None):
         calls.append((str(device), dtype, shape, backward))
-        return {"math": 2e-3, "sdpa": 3e-3} if shape[3] <= 256 else {"math": 9e-3, "sdpa": 3e-3}
+        return {"matmul": 2e-3, "sdpa": 3e-3} if shape[3] <= 256 else {"matmul": 9e-3, "sdpa": 3e-3}
 
     monkeypatch.setattr(fresh_choice, "native_on_cpu", lambda dtype: True)
     monkeypatch.setattr(fresh_choice, "measure", fake_measure)
-    assert fresh_choice.choose("cpu", torch.bfloat16, (4, 4, 100, 100, 32)) == "math"
-    assert fresh_choice.choose(torch.device("cpu"), torch.bfloat16, (4, 4, 128, 128, 32)) == "math"   # same class
+    assert fresh_choice.choose("cpu", torch.bfloat16, (4, 4, 100, 100, 32)) == "matmul"
+    assert fresh_choice.choose(torch.device("cpu"), torch.bfloat16, (4, 4, 128, 128, 32)) == "matmul"   # same class
     assert fresh_choice.choose("cpu", torch.bfloat16, (4, 4, 512, 512, 32)) == "sdpa"
-    assert fresh_choice.choose("cpu", torch.bfloat16, (4, 4, 1, 100, 32), backward=False) == "math"
-    assert fresh_choice.choose("cpu", torch.float16, (4, 4, 100, 100, 32)) == "math"
+    assert fresh_choice.choose("cpu", torch.bfloat16, (4, 4, 1, 100, 32), backward=False) == "matmul"
+    assert fresh_choice.choose("cpu", torch.float16, (4, 4, 100, 100, 32)) == "matmul"
     assert fresh_choice.choose("cpu", torch.float32, (4, 4, 100, 100, 32)) == "sdpa"
     assert fresh_choice.choose("cuda", torch.bfloat16, (4, 4, 100, 100, 32)) == "sdpa"
     assert calls == [("cpu", torch.bfloat16, (4, 4, 128, 128, 32), True), ("cpu", torch.bfloat16, (4, 4, 512, 512, 32), True),
                      ("cpu", torch.bfloat16, (4, 4, 1, 128, 32), False), ("cpu", torch.float16, (4, 4, 128, 128, 32), True)], calls
     assert fresh_choice.choices()[("cpu", torch.bfloat16, (4, 4, 128, 128, 32), True)] == {
-        "backend": "math", "seconds": {"math": 2e-3, "sdpa": 3e-3}}
+        "backend": "matmul", "seconds": {"matmul": 2e-3, "sdpa": 3e-3}}
     fresh_choice.forget()
     monkeypatch.setattr(fresh_choice, "native_on_cpu", lambda dtype: False)
     assert fresh_choice.choose("cpu", torch.bfloat16, (4, 4, 100, 100, 32)) == "sdpa" and len(calls) == 4
@@ -178,7 +178,7 @@ def test_measure_times_both_backends_for_real():
     """The real timing (fp32, cheap here): both backends timed, positive, finite. (~0.3 s)"""
     from camplib.attention_backend import measure
     seconds = measure("cpu", torch.float32, (2, 2, 64, 64, 16), rounds=1, attend=attend)
-    assert sorted(seconds) == ["math", "sdpa"] and all(0 < s < 60 for s in seconds.values()), seconds
+    assert sorted(seconds) == ["matmul", "sdpa"] and all(0 < s < 60 for s in seconds.values()), seconds
 
 
 @pytest.mark.skipif(not __import__("camplib.attention_backend").attention_backend.native_on_cpu(torch.bfloat16),
