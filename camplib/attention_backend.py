@@ -132,9 +132,9 @@ def native_on_cpu(dtype: torch.dtype) -> bool:
 
 
 def choose(device: torch.device | str, dtype: torch.dtype, shape=SHAPE, backward: bool = True, attend=None) -> str:
-    """"matmul" or "sdpa" (or an override's choice) for attention of `shape` (B, H, T, S, D) on `device` in `dtype`, with or
-    without its backward (see the module docstring); `attend` is what a measurement times
-    (`camplib.attention.attend` passes itself)."""
+    """"matmul" or "sdpa" (or an override's choice) for attention of `shape` (B, H, T, S, D) on
+    `device` in `dtype`, with or without its backward (see the module docstring); `attend` is what
+    a measurement times (`camplib.attention.attend` passes itself)."""
     device_type = torch.device(device).type
     for key in ((device_type, dtype), (device_type, None), (None, dtype), (None, None)):
         if key in _preferred:
