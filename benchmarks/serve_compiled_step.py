@@ -6,7 +6,7 @@ SmolLM2-135M-Instruct in fp32 (the transformers folder serve_vs_vllm.py writes),
 step once, for every batch size and table width (inductor with freezing and its C++ wrapper; the
 KV pool's write and gather as opaque operators). Then for each `--batch` B: B of serve_vs_vllm's
 prompts prefilled and one decoding step's batch replayed, `paged_forward` eager against
-`CompiledDecode.run` (B = 1 runs with one padding row). Printed: the compile's seconds, per B the
+`CompiledDecode.run` (B = 1 runs as two copies of its one row). Printed: the compile's seconds, per B the
 largest logit difference and whether the greedy tokens agree, then CPU ms per step (median of
 15), eager and compiled, `--rounds` times, and whether any step needed a second compile.
 
